@@ -1,0 +1,282 @@
+"""Capturing code into a :class:`BreakableCUDAGraph`, and the ``eager_on_graph`` break decorator."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from . import _cudart, side_streams
+from .boxing import box_tuple, unbox_tuple
+from .graph import BreakableCUDAGraph, GraphState, _EagerBreak
+from .nonowning import PoolMembership, detach_from_pool
+from .replay_token import no_replay_token
+
+logger = logging.getLogger(__name__)
+
+_CAPTURE: contextvars.ContextVar["_CaptureState | None"] = contextvars.ContextVar("bcg_capture", default=None)
+_CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
+
+def is_capturing_breakable() -> bool:
+    """True while a :class:`BreakableCUDAGraphCapture` is active in this context (thread/task)."""
+    return _CAPTURE.get() is not None
+
+
+class _CaptureState:
+    """Per-capture state: the open segment, the capture stream, forks, the pool."""
+
+    def __init__(self, graph: BreakableCUDAGraph, pool: Any, stream: Any, mode: str, debug: bool) -> None:
+        self.graph = graph
+        self.pool = pool
+        self.stream = stream
+        self.mode = mode
+        self.debug = debug
+        self.segment: torch.cuda.CUDAGraph | None = None
+        self.in_break = False
+        self.tracker = side_streams.ForkTracker(stream) if stream is not None else None
+        self.membership = PoolMembership(pool, stream.device) if stream is not None else None
+        self._to_refork: list = []
+
+    def begin_segment(self) -> None:
+        if self.debug:
+            return
+        segment = torch.cuda.CUDAGraph()
+        segment.capture_begin(pool=self.pool, capture_error_mode=self.mode)
+        self.segment = segment
+        if self._to_refork:
+            self.tracker.refork(self._to_refork)
+            self._to_refork = []
+
+    def end_segment(self) -> None:
+        if self.debug or self.segment is None:
+            return
+        segment, self.segment = self.segment, None
+        self._to_refork = self.tracker.join_all()
+        nodes = _cudart.captured_node_count(self.stream)
+        if nodes == 0:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns about empty graphs; we drop them
+                segment.capture_end()
+            return
+        segment.capture_end()
+        self.graph._add_segment(segment)
+
+    def run_break(self, fn: Callable, capture_stub: Callable | None, name: str, args: tuple, kwargs: dict) -> Any:
+        if self.in_break:  # a break called from inside a break is a plain call
+            return fn(*args, **kwargs)
+        if self.debug:
+            self.in_break = True
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                self.in_break = False
+            return unbox_tuple(self.graph._debug_bridge(name, result))
+        self.end_segment()
+        self.in_break = True
+        try:
+            result = (capture_stub or fn)(*args, **kwargs)
+        finally:
+            self.in_break = False
+        bridge = box_tuple(result)
+        self.graph._add_break(
+            _EagerBreak(
+                fn=fn,
+                args=detach_from_pool(args, self.membership),
+                kwargs=detach_from_pool(kwargs, self.membership),
+                output=bridge,
+                name=name,
+            )
+        )
+        self.begin_segment()
+        return result
+
+    def abort(self) -> None:
+        """End an open segment after a failure so that no stream is left capturing."""
+        segment, self.segment = self.segment, None
+        if self.tracker is not None:
+            self.tracker.join_all()
+        if segment is None or self.stream is None:
+            return
+        try:
+            segment.capture_end()
+            return
+        except Exception as exc:
+            logger.debug("capture_end after a failed capture raised: %s", exc)
+        # torch did not get to stop routing allocations to the pool; do it, and end the capture.
+        end_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)
+        if end_pool is not None:
+            try:
+                end_pool(self.stream.device.index, self.pool)
+            except Exception as exc:
+                logger.debug("endAllocateToPool: %s", exc)
+        try:
+            _cudart.abandon_capture(self.stream)
+        finally:
+            _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
+
+
+class BreakableCUDAGraphCapture:
+    """Context manager that captures the enclosed code into ``graph``.
+
+    Args:
+        graph: an empty :class:`BreakableCUDAGraph`.
+        pool: memory-pool handle to capture into (share one between graphs whose replays never
+            overlap); default: the graph's own new pool.
+        stream: side stream to capture on; default: a new stream. The capture stream waits for
+            the current stream on entry, and the current stream waits for it on exit.
+        capture_error_mode: ``"global"``, ``"thread_local"`` or ``"relaxed"``, as
+            ``torch.cuda.CUDAGraph.capture_begin``.
+        debug: capture nothing; run the body eagerly with the same breaks and bridge copies.
+            Running the body again under a debug capture of the same graph copies every break's
+            result into the first run's bridge buffers, as a replay would.
+
+    Contracts: nested captures raise ``RuntimeError``. An exception in the body ends the capture
+    (no stream left capturing, no hook installed, context state reset), marks ``graph`` failed
+    and re-raises. Calls of functions decorated with :func:`eager_on_graph` become breaks.
+    """
+
+    def __init__(
+        self,
+        graph: BreakableCUDAGraph,
+        pool: Any = None,
+        stream: Any = None,
+        capture_error_mode: str = "global",
+        debug: bool = False,
+    ) -> None:
+        if not isinstance(graph, BreakableCUDAGraph):
+            raise TypeError(f"BreakableCUDAGraphCapture needs a BreakableCUDAGraph, got {type(graph).__name__}")
+        if capture_error_mode not in _CAPTURE_ERROR_MODES:
+            raise ValueError(f"capture_error_mode must be one of {_CAPTURE_ERROR_MODES}, got {capture_error_mode!r}")
+        self.graph = graph
+        self.pool = pool
+        self.stream = stream
+        self.capture_error_mode = capture_error_mode
+        self.debug = debug
+        self._state: _CaptureState | None = None
+        self._resets: list[Callable[[], None]] = []
+
+    def __enter__(self) -> BreakableCUDAGraph:
+        if _CAPTURE.get() is not None:
+            raise RuntimeError(
+                "nested BreakableCUDAGraphCapture: a breakable capture is already active in this context; "
+                "end it before starting another (use eager_on_graph for work that must run eagerly)"
+            )
+        if self.debug:
+            self._enter_debug()
+            return self.graph
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "BreakableCUDAGraphCapture needs a CUDA device, and torch sees none; run the code "
+                "eagerly, or use debug=True to exercise the break structure without capture"
+            )
+        _cudart.cudart()  # clear install hint now, not mid-capture
+        current = torch.cuda.current_stream()
+        if _cudart.is_stream_capturing(current):
+            raise RuntimeError(
+                "nested capture: the current stream is already capturing a CUDA graph "
+                "(torch.cuda.graph or another capture); a breakable capture cannot run inside it"
+            )
+        stream = self.stream if self.stream is not None else torch.cuda.Stream(current.device)
+        pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
+        self.graph._begin(pool, current.device, debug=False)
+        stream.wait_stream(current)
+        stream_ctx = torch.cuda.stream(stream)
+        stream_ctx.__enter__()
+        self._resets.append(lambda: stream_ctx.__exit__(None, None, None))
+        self._resets.append(lambda: current.wait_stream(stream))
+        state = _CaptureState(self.graph, pool, stream, self.capture_error_mode, debug=False)
+        self._activate(state)
+        fork_token = side_streams.install(state.tracker)
+        self._resets.append(lambda: side_streams.uninstall(fork_token))
+        try:
+            state.begin_segment()
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self.graph
+
+    def _enter_debug(self) -> None:
+        self.graph._begin(self.pool, torch.device("cpu"), debug=True)
+        self._activate(_CaptureState(self.graph, self.pool, None, self.capture_error_mode, debug=True))
+
+    def _activate(self, state: _CaptureState) -> None:
+        self._state = state
+        token = _CAPTURE.set(state)
+        self._resets.append(lambda: _CAPTURE.reset(token))
+        no_token = no_replay_token()
+        no_token.__enter__()
+        self._resets.append(lambda: no_token.__exit__(None, None, None))
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        state = self._state
+        try:
+            if state is not None and exc_type is None:
+                try:
+                    state.end_segment()
+                    self.graph._finish()
+                except BaseException as end_exc:
+                    state.abort()
+                    if self.graph.state is not GraphState.FAILED:
+                        self.graph._fail(f"{type(end_exc).__name__}: {end_exc}")
+                    raise
+            elif state is not None:
+                state.abort()
+                self.graph._fail(f"{exc_type.__name__}: {exc}")
+        finally:
+            self._state = None
+            while self._resets:
+                self._resets.pop()()
+        return False
+
+
+def eager_on_graph(enable: Any = True, capture_stub: Callable | None = None) -> Callable:
+    """Decorator: the function runs eagerly between graph segments.
+
+    Outside a capture the wrapped function is called directly. Inside one, the call ends the
+    current segment, runs the function (or ``capture_stub``, which only has to return outputs of
+    the right structure, shapes, dtypes and devices), records a replay closure, and begins the
+    next segment, which reads the returned objects (the bridge buffer). At replay the real
+    function runs again on the same argument tensors and its result is copied in place into the
+    bridge buffer. ``enable=False`` leaves the function undecorated. Usable bare
+    (``@eager_on_graph``) or called (``@eager_on_graph()``).
+
+    A break function must: return the same structure, shapes and dtypes on every call; not
+    keep references to its arguments across calls (they are views into reused memory); do its
+    work on the current stream.
+    """
+    if callable(enable):
+        return eager_on_graph()(enable)
+
+    def decorate(fn: Callable) -> Callable:
+        if not enable:
+            return fn
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            state = _CAPTURE.get()
+            if state is None:
+                return fn(*args, **kwargs)
+            return state.run_break(fn, capture_stub, name, args, kwargs)
+
+        wrapper.__bcg_eager_fn__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def _no_work() -> None:
+    return None
+
+
+_break = eager_on_graph(_no_work)
+
+
+def break_graph() -> None:
+    """End the current segment and begin the next one, doing no work (a no-op outside capture)."""
+    _break()
