@@ -60,8 +60,11 @@ class _CaptureState:
         nodes = _cudart.captured_node_count(self.stream)
         if nodes == 0:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch warns about empty graphs; we drop them
+                warnings.simplefilter("ignore")  # torch warns about empty graphs
                 segment.capture_end()
+            # Not replayed, but kept alive: destroying it would drop the pool's use count to zero
+            # while later segments still capture into the pool.
+            self.graph._retain(segment)
             return
         segment.capture_end()
         self.graph._add_segment(segment)
@@ -118,6 +121,26 @@ class _CaptureState:
             _cudart.abandon_capture(self.stream)
         finally:
             _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
+        _reset_generator_capture_state(self.stream.device)
+
+
+def _reset_generator_capture_state(device: torch.device) -> None:
+    """After a capture whose ``capture_end`` failed, torch's CUDA generators still believe they are
+    capturing (every later random op would raise). An empty capture runs their prologue and
+    epilogue again, which resets that flag."""
+    with torch.cuda.stream(torch.cuda.Stream(device)), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dummy = torch.cuda.CUDAGraph()
+        dummy.capture_begin(capture_error_mode="relaxed")
+        dummy.capture_end()
+
+
+def _init_library_handles() -> None:
+    """Create this thread's cuBLAS handle (and its workspace on the capture stream) before capture:
+    ``cublasCreate`` is not allowed while a stream captures."""
+    torch.cuda.current_blas_handle()
+    x = torch.ones(8, 8, device=torch.cuda.current_device())
+    x @ x
 
 
 class BreakableCUDAGraphCapture:
@@ -187,6 +210,7 @@ class BreakableCUDAGraphCapture:
         stream.wait_stream(current)
         stream_ctx = torch.cuda.stream(stream)
         stream_ctx.__enter__()
+        _init_library_handles()
         self._resets.append(lambda: stream_ctx.__exit__(None, None, None))
         self._resets.append(lambda: current.wait_stream(stream))
         state = _CaptureState(self.graph, pool, stream, self.capture_error_mode, debug=False)

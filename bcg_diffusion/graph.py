@@ -67,6 +67,7 @@ class BreakableCUDAGraph:
 
     def __init__(self) -> None:
         self._steps: list[_Segment | _EagerBreak] = []
+        self._retained: list[torch.cuda.CUDAGraph] = []  # empty segments: keep the pool's use count
         self._state = GraphState.EMPTY
         self._failure: str | None = None
         self._pool: Any = None
@@ -142,6 +143,7 @@ class BreakableCUDAGraph:
     def reset(self) -> None:
         """Drop all segments, breaks and bridge buffers; the graph can be captured again."""
         self._steps.clear()
+        self._retained.clear()
         self._state = GraphState.EMPTY
         self._failure = None
         self._pool = None
@@ -165,6 +167,9 @@ class BreakableCUDAGraph:
 
     def _add_segment(self, segment: torch.cuda.CUDAGraph) -> None:
         self._steps.append(_Segment(segment))
+
+    def _retain(self, segment: torch.cuda.CUDAGraph) -> None:
+        self._retained.append(segment)
 
     def _add_break(self, step: _EagerBreak) -> None:
         self._steps.append(step)
@@ -194,6 +199,7 @@ class BreakableCUDAGraph:
 
     def _fail(self, reason: str) -> None:
         self._steps.clear()
+        self._retained.clear()
         self._debug = None
         self._state = GraphState.FAILED
         self._failure = reason

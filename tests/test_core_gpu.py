@@ -148,7 +148,7 @@ def test_side_stream_forked_and_not_joined_is_joined():
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, x * 2 + 10 + x + 1)
+    assert torch.equal(out, (x * 2 + 10) + (x + 1))
 
 
 def test_two_graphs_sharing_one_pool_replayed_alternately():
@@ -177,10 +177,11 @@ def test_exception_inside_capture_cleans_up_and_later_capture_works():
     _assert_clean()
     with pytest.raises(RuntimeError, match="capture failed"):
         graph.replay()
-    graph2, out = _capture(_mlp, x.view(1, 16), torch.eye(16, device=DEV), 1)
+    eye = torch.eye(16, device=DEV)  # kept alive: the graph reads it at replay
+    graph2, out = _capture(_mlp, x.view(1, 16), eye, 1)
     x.normal_()
     graph2.replay()
-    assert torch.equal(out, _mlp(x.view(1, 16), torch.eye(16, device=DEV), 1))
+    assert torch.equal(out, _mlp(x.view(1, 16), eye, 1))
 
 
 def test_exception_in_user_code_after_break_cleans_up():
@@ -211,18 +212,21 @@ def test_two_threads_capture_at_once():
     def worker(i):
         try:
             torch.cuda.set_device(0)
-            w = torch.randn(32, 32, device=DEV) / 6
-            x = torch.randn(4, 32, device=DEV)
-            torch.cuda.synchronize()
-            graph = bcg.BreakableCUDAGraph()
-            with bcg.BreakableCUDAGraphCapture(graph, capture_error_mode="thread_local"):
-                barrier.wait(timeout=30)  # both captures are active now
-                out = _mlp(x, w, 2 + i)
-                seen_own = bcg.is_capturing_breakable()
-            x.normal_()
-            graph.replay()
-            torch.cuda.synchronize()
-            results[i] = (graph.num_breaks, seen_own, torch.equal(out, _mlp(x, w, 2 + i)))
+            # Each thread works on its own stream: the legacy default stream would synchronize
+            # implicitly with the other thread's capturing stream, which CUDA forbids.
+            with torch.cuda.stream(torch.cuda.Stream()):
+                w = torch.randn(32, 32, device=DEV) / 6
+                x = torch.randn(4, 32, device=DEV)
+                graph = bcg.BreakableCUDAGraph()
+                with bcg.BreakableCUDAGraphCapture(graph, capture_error_mode="thread_local"):
+                    barrier.wait(timeout=30)  # both captures are active now
+                    out = _mlp(x, w, 2 + i)
+                    seen_own = bcg.is_capturing_breakable()
+                x.normal_()
+                graph.replay()
+                expected = _mlp(x, w, 2 + i)
+                torch.cuda.current_stream().synchronize()
+                results[i] = (graph.num_breaks, seen_own, torch.equal(out, expected))
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
             barrier.abort()
