@@ -208,6 +208,10 @@ def test_nested_capture_inside_torch_graph_raises():
 def test_two_threads_capture_at_once():
     barrier = threading.Barrier(2)
     results, errors = {}, []
+    # No random ops in the threads: torch's CUDA generator is process-wide and refuses eager
+    # draws while another thread captures.
+    data = [(torch.randn(32, 32, device=DEV) / 6, torch.randn(4, 32, device=DEV), torch.randn(4, 32, device=DEV)) for _ in range(2)]
+    torch.cuda.synchronize()
 
     def worker(i):
         try:
@@ -215,14 +219,13 @@ def test_two_threads_capture_at_once():
             # Each thread works on its own stream: the legacy default stream would synchronize
             # implicitly with the other thread's capturing stream, which CUDA forbids.
             with torch.cuda.stream(torch.cuda.Stream()):
-                w = torch.randn(32, 32, device=DEV) / 6
-                x = torch.randn(4, 32, device=DEV)
+                w, x, x_new = data[i]
                 graph = bcg.BreakableCUDAGraph()
                 with bcg.BreakableCUDAGraphCapture(graph, capture_error_mode="thread_local"):
                     barrier.wait(timeout=30)  # both captures are active now
                     out = _mlp(x, w, 2 + i)
                     seen_own = bcg.is_capturing_breakable()
-                x.normal_()
+                x.copy_(x_new)
                 graph.replay()
                 expected = _mlp(x, w, 2 + i)
                 torch.cuda.current_stream().synchronize()
