@@ -28,3 +28,33 @@ __all__ = [
     "stream_capture_status",
     "unbox_tuple",
 ]
+
+from .accelerate import (  # noqa: E402  (the integration sits on top of the core)
+    AccelerationError,
+    accelerate_pipeline,
+    accelerate_transformer,
+    clear_graphs,
+    get_stats,
+    is_accelerated,
+    remove_acceleration,
+)
+from .config import BCGConfig  # noqa: E402
+from .families import KNOWN_TRANSFORMERS, UnknownTransformerError  # noqa: E402
+from .runner import BCGCaptureWarning  # noqa: E402
+from .stats import BCGStats, GraphEntryStats  # noqa: E402
+
+__all__ += [
+    "AccelerationError",
+    "BCGCaptureWarning",
+    "BCGConfig",
+    "BCGStats",
+    "GraphEntryStats",
+    "KNOWN_TRANSFORMERS",
+    "UnknownTransformerError",
+    "accelerate_pipeline",
+    "accelerate_transformer",
+    "clear_graphs",
+    "get_stats",
+    "is_accelerated",
+    "remove_acceleration",
+]

@@ -1,0 +1,202 @@
+"""Attention kernels as eager breaks.
+
+Two routes reach the attention kernel in diffusers: ``dispatch_attention_fn`` (imported by name
+into each transformer module; Flux, Wan, QwenImage, HunyuanVideo, ...) and
+``torch.nn.functional.scaled_dot_product_attention`` called directly by processors (SD3,
+PixArt). Both are replaced, while at least one transformer is accelerated, by wrappers that are
+plain calls outside a capture and eager breaks inside one. Everything around the kernel (QKV
+projections, norms, RoPE) stays in the segments; the user's attention backend keeps running in
+the break, as it reads its choice at call time.
+
+At capture, the break does not run the real kernel on the placeholder data that capture feeds
+it (a varlen backend would read garbage lengths): it allocates the output with the exact shape
+and strides recorded for the same call during warm-up (so later segments see the same layout as
+eager and pick the same kernels).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .capture import eager_on_graph
+
+_DISPATCH_NAME = "dispatch_attention_fn"
+_lock = threading.Lock()
+_patches: dict[tuple[str, str], "_Patch"] = {}
+
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("bcg_attn_record", default=None)
+_PLAN: contextvars.ContextVar["_LayoutPlan | None"] = contextvars.ContextVar("bcg_attn_plan", default=None)
+_IN_ATTENTION: contextvars.ContextVar[bool] = contextvars.ContextVar("bcg_in_attention", default=False)
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    attr: str
+    original: Callable
+    refcount: int
+
+
+@dataclass(frozen=True)
+class _Layout:
+    query_shape: tuple
+    out: Any  # (shape, stride, dtype, device) or a tuple of those
+
+
+class _LayoutPlan:
+    """Recorded output layouts, handed out in call order during capture."""
+
+    def __init__(self, layouts: list[_Layout]) -> None:
+        self._layouts = layouts
+        self._cursor = 0
+
+    def next_for(self, query: Any) -> _Layout | None:
+        if self._cursor >= len(self._layouts):
+            return None
+        layout = self._layouts[self._cursor]
+        self._cursor += 1
+        if not isinstance(query, torch.Tensor) or tuple(query.shape) != layout.query_shape:
+            return None
+        return layout
+
+
+def _layout_of(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape), out.stride(), out.dtype, out.device)
+    if isinstance(out, tuple):
+        return tuple(_layout_of(o) for o in out)
+    return None
+
+
+def _allocate(layout: Any) -> Any:
+    if isinstance(layout, tuple) and len(layout) == 4 and isinstance(layout[2], torch.dtype):
+        shape, stride, dtype, device = layout
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return tuple(_allocate(part) for part in layout)
+
+
+def _make_break(original: Callable) -> Callable:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if _IN_ATTENTION.get():
+            return original(*args, **kwargs)
+        token = _IN_ATTENTION.set(True)
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            _IN_ATTENTION.reset(token)
+        record = _RECORD.get()
+        if record is not None:
+            query = args[0] if args else kwargs.get("query")
+            record.append(_Layout(tuple(query.shape) if isinstance(query, torch.Tensor) else (), _layout_of(out)))
+        return out
+
+    def capture_stub(*args: Any, **kwargs: Any) -> Any:
+        plan = _PLAN.get()
+        query = args[0] if args else kwargs.get("query")
+        layout = plan.next_for(query) if plan is not None else None
+        if layout is None or layout.out is None:
+            return run(*args, **kwargs)
+        return _allocate(layout.out)
+
+    functools.update_wrapper(run, original)
+    wrapped = eager_on_graph(capture_stub=capture_stub)(run)
+    wrapped = torch._dynamo.disable(wrapped)  # compiled blocks graph-break here: attention stays eager
+    wrapped.__bcg_original__ = original  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _acquire(owner: Any, attr: str) -> tuple[str, str]:
+    key = (getattr(owner, "__name__", repr(owner)), attr)
+    patch = _patches.get(key)
+    if patch is not None:
+        patch.refcount += 1
+        return key
+    original = getattr(owner, attr)
+    _patches[key] = _Patch(owner, attr, original, 1)
+    setattr(owner, attr, _make_break(original))
+    return key
+
+
+def _release(key: tuple[str, str]) -> None:
+    patch = _patches.get(key)
+    if patch is None:
+        return
+    patch.refcount -= 1
+    if patch.refcount == 0:
+        setattr(patch.owner, patch.attr, patch.original)
+        del _patches[key]
+
+
+def attention_modules(transformer: torch.nn.Module) -> tuple[list[Any], bool]:
+    """Python modules whose ``dispatch_attention_fn`` this transformer's attention goes through,
+    and whether some processor calls ``scaled_dot_product_attention`` directly."""
+    candidates = {type(transformer).__module__}
+    for module in transformer.modules():
+        candidates.add(type(module).__module__)
+        processor = getattr(module, "processor", None)
+        if processor is not None:
+            candidates.add(type(processor).__module__)
+    with_dispatch, direct_sdpa = [], False
+    for name in sorted(candidates):
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        if callable(getattr(mod, _DISPATCH_NAME, None)):
+            with_dispatch.append(mod)
+    for module in transformer.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None:
+            mod = sys.modules.get(type(processor).__module__)
+            if mod is not None and getattr(mod, _DISPATCH_NAME, None) is None:
+                direct_sdpa = True
+    return with_dispatch, direct_sdpa
+
+
+def install(transformer: torch.nn.Module) -> Callable[[], None]:
+    """Install the attention breaks this transformer needs; returns the undo function."""
+    modules, direct_sdpa = attention_modules(transformer)
+    with _lock:
+        keys = [_acquire(mod, _DISPATCH_NAME) for mod in modules]
+        if direct_sdpa or not modules:
+            keys.append(_acquire(torch.nn.functional, "scaled_dot_product_attention"))
+
+    def undo() -> None:
+        with _lock:
+            for key in keys:
+                _release(key)
+
+    return undo
+
+
+def installed_patches() -> list[tuple[str, str]]:
+    """(module, attribute) pairs currently patched (for tests and introspection)."""
+    return sorted(_patches)
+
+
+@contextlib.contextmanager
+def recording_layouts() -> Iterator[list]:
+    """Record the output layout of every attention call made in the block (warm-up)."""
+    layouts: list = []
+    token = _RECORD.set(layouts)
+    try:
+        yield layouts
+    finally:
+        _RECORD.reset(token)
+
+
+@contextlib.contextmanager
+def using_layouts(layouts: list | None) -> Iterator[None]:
+    """During capture, allocate attention outputs from ``layouts`` instead of running the kernel."""
+    token = _PLAN.set(_LayoutPlan(layouts) if layouts else None)
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)

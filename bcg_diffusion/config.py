@@ -1,0 +1,107 @@
+"""Configuration of pipeline acceleration (:class:`BCGConfig`) and the operator environment switches."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+ENV_ENABLE = "BCG_DIFFUSION"
+ENV_DEBUG = "BCG_DIFFUSION_DEBUG"
+
+
+@dataclass(frozen=True)
+class BCGConfig:
+    """How :func:`~bcg_diffusion.accelerate_pipeline` captures and replays a transformer.
+
+    Attributes:
+        debug: run every segment eagerly through the same code path (static inputs, breaks,
+            bridge copies, output copies), capturing nothing. Output must equal eager; use it to
+            tell graph bugs from model bugs. ``BCG_DIFFUSION_DEBUG=1`` turns it on.
+        max_graphs: captured keys (shapes, ...) kept per transformer; the least recently used is
+            evicted beyond it. At least 1.
+        memory_budget_bytes: evict least recently used graphs while the graphs of one
+            transformer hold more GPU memory than this. ``None``: no budget.
+        warmup_iters: eager runs of the forward on the capture stream before capture (lazy
+            initialisation, compiled code, attention layouts). At least 1.
+        text_buckets: opt-in padding of the text sequence, for transformers that take a text
+            mask and whose text length varies per prompt (QwenImage): the text is padded with
+            masked tokens up to the next bucket so one graph serves many prompts. Padding with
+            masked tokens is exact mathematically but not bitwise (attention reduces over more
+            keys), so it is off by default and the key then holds the exact length.
+        log_misses: log (INFO) once per new key after the first capture which field differed
+            from the closest captured key.
+        eager_modules: qualified names (``"transformer_blocks.3"``) or class names of
+            submodules that run as eager breaks of their own.
+        allow_unknown: accept transformer classes the project does not know (generic path:
+            breaks at ``dispatch_attention_fn`` and ``scaled_dot_product_attention``).
+        max_narrowing: after a failed capture, how many modules may be made eager breaks of
+            their own (one per retry) before the key falls back to eager.
+    """
+
+    debug: bool = False
+    max_graphs: int = 8
+    memory_budget_bytes: int | None = None
+    warmup_iters: int = 1
+    text_buckets: tuple[int, ...] | None = None
+    log_misses: bool = True
+    eager_modules: tuple[str, ...] = field(default_factory=tuple)
+    allow_unknown: bool = False
+    max_narrowing: int = 2
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
+        _check(_is_int(self.max_graphs) and self.max_graphs >= 1, "max_graphs must be an int >= 1", self.max_graphs)
+        _check(
+            self.memory_budget_bytes is None or (_is_int(self.memory_budget_bytes) and self.memory_budget_bytes > 0),
+            "memory_budget_bytes must be None or a positive int (bytes)",
+            self.memory_budget_bytes,
+        )
+        _check(_is_int(self.warmup_iters) and self.warmup_iters >= 1, "warmup_iters must be an int >= 1", self.warmup_iters)
+        if self.text_buckets is not None:
+            buckets = tuple(self.text_buckets)
+            _check(
+                len(buckets) > 0 and all(_is_int(b) and b > 0 for b in buckets) and list(buckets) == sorted(set(buckets)),
+                "text_buckets must be None or strictly increasing positive ints, e.g. (128, 256, 512)",
+                self.text_buckets,
+            )
+            object.__setattr__(self, "text_buckets", buckets)
+        _check(isinstance(self.log_misses, bool), "log_misses must be a bool", self.log_misses)
+        if isinstance(self.eager_modules, str):
+            raise ValueError(
+                f"eager_modules must be a sequence of module names, got the string {self.eager_modules!r}; "
+                f"write eager_modules=({self.eager_modules!r},)"
+            )
+        names = tuple(self.eager_modules)
+        _check(all(isinstance(n, str) and n for n in names), "eager_modules must hold non-empty strings", self.eager_modules)
+        object.__setattr__(self, "eager_modules", names)
+        _check(isinstance(self.allow_unknown, bool), "allow_unknown must be a bool", self.allow_unknown)
+        _check(_is_int(self.max_narrowing) and self.max_narrowing >= 0, "max_narrowing must be an int >= 0", self.max_narrowing)
+
+    def with_environment(self) -> "BCGConfig":
+        """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""
+        if env_flag(ENV_DEBUG) and not self.debug:
+            return dataclasses.replace(self, debug=True)
+        return self
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(ok: bool, message: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"BCGConfig: {message}, got {value!r}")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """Read a boolean environment switch (``1/true/yes/on`` and ``0/false/no/off``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={raw!r}: use 1 or 0")

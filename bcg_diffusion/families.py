@@ -1,0 +1,63 @@
+"""What the integration knows about each supported transformer class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TransformerInfo:
+    """Per-class knowledge.
+
+    Attributes:
+        family: family name as in ``pipelines`` (``"flux"``, ...).
+        text_kwarg / text_mask_kwarg: the text sequence input and its mask, where the model takes
+            a mask and the text length varies per prompt (the only case where ``text_buckets``
+            padding applies).
+    """
+
+    family: str
+    text_kwarg: str | None = None
+    text_mask_kwarg: str | None = None
+
+
+KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
+    "FluxTransformer2DModel": TransformerInfo("flux"),
+    "SD3Transformer2DModel": TransformerInfo("sd3"),
+    "PixArtTransformer2DModel": TransformerInfo("pixart"),
+    "SanaTransformer2DModel": TransformerInfo("sana"),
+    "WanTransformer3DModel": TransformerInfo("wan"),
+    "QwenImageTransformer2DModel": TransformerInfo(
+        "qwenimage", text_kwarg="encoder_hidden_states", text_mask_kwarg="encoder_hidden_states_mask"
+    ),
+    "HunyuanVideoTransformer3DModel": TransformerInfo("hunyuanvideo"),
+    "LTXVideoTransformer3DModel": TransformerInfo("ltx"),
+    "CogVideoXTransformer3DModel": TransformerInfo("cogvideox"),
+    "Lumina2Transformer2DModel": TransformerInfo("lumina2"),
+    "ZImageTransformer2DModel": TransformerInfo("zimage"),
+    "ChromaTransformer2DModel": TransformerInfo("chroma"),
+    "Flux2Transformer2DModel": TransformerInfo("flux2"),
+}
+
+
+class UnknownTransformerError(TypeError):
+    """The transformer class is not one the project knows and the generic path was not allowed."""
+
+
+def transformer_info(module: torch.nn.Module, allow_unknown: bool) -> TransformerInfo:
+    """Knowledge for ``module``'s class; raises :class:`UnknownTransformerError` for unknown classes
+    unless ``allow_unknown`` (then a generic entry)."""
+    name = type(module).__name__
+    info = KNOWN_TRANSFORMERS.get(name)
+    if info is not None:
+        return info
+    if allow_unknown:
+        return TransformerInfo(family="generic")
+    known = ", ".join(sorted(KNOWN_TRANSFORMERS))
+    raise UnknownTransformerError(
+        f"bcg-diffusion does not know the transformer class {name}. Known: {known}. To try the generic "
+        "path (breaks at dispatch_attention_fn and scaled_dot_product_attention), pass "
+        "BCGConfig(allow_unknown=True) and compare with eager output (BCGConfig(debug=True) helps)."
+    )
