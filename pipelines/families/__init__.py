@@ -1,0 +1,1 @@
+"""One module per model family; each defines ``SPEC``, a :class:`pipelines.registry.FamilySpec`."""
