@@ -78,8 +78,15 @@ class _ModuleTracker:
                 self._watch(name, child)
 
     def _watch(self, name: str, module: torch.nn.Module) -> None:
-        self._handles.append(module.register_forward_pre_hook(lambda *_: self.stack.append(name)))
-        self._handles.append(module.register_forward_hook(lambda *_: self.stack.pop() if self.stack else None))
+        def enter(*_: Any) -> None:
+            self.stack.append(name)
+
+        def leave(*_: Any) -> None:  # must return None: a forward hook's result replaces the output
+            if self.stack:
+                self.stack.pop()
+
+        self._handles.append(module.register_forward_pre_hook(enter))
+        self._handles.append(module.register_forward_hook(leave))
 
     def culprit(self) -> str | None:
         return self.stack[-1] if self.stack else None
