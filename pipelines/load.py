@@ -50,7 +50,7 @@ def load_pipeline(
     path = os.fspath(model_id_or_path)
     cls = spec.pipeline_class if spec is not None else DiffusionPipeline
     try:
-        pipe = cls.from_pretrained(path, torch_dtype=dtype, **from_pretrained_kwargs)
+        pipe = cls.from_pretrained(path, dtype=dtype, **from_pretrained_kwargs)
     except OSError as err:
         if os.path.isdir(path):
             raise
