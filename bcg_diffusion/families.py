@@ -16,11 +16,14 @@ class TransformerInfo:
         text_kwarg / text_mask_kwarg: the text sequence input and its mask, where the model takes
             a mask and the text length varies per prompt (the only case where ``text_buckets``
             padding applies).
+        value_keyed: mask inputs whose values decide tensor shapes inside the model (Lumina2 packs
+            the text by its effective length): their per-row token counts become part of the key.
     """
 
     family: str
     text_kwarg: str | None = None
     text_mask_kwarg: str | None = None
+    value_keyed: tuple[str, ...] = ()
 
 
 KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
@@ -35,7 +38,7 @@ KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
     "HunyuanVideoTransformer3DModel": TransformerInfo("hunyuanvideo"),
     "LTXVideoTransformer3DModel": TransformerInfo("ltx"),
     "CogVideoXTransformer3DModel": TransformerInfo("cogvideox"),
-    "Lumina2Transformer2DModel": TransformerInfo("lumina2"),
+    "Lumina2Transformer2DModel": TransformerInfo("lumina2", value_keyed=("encoder_attention_mask",)),
     "ZImageTransformer2DModel": TransformerInfo("zimage"),
     "ChromaTransformer2DModel": TransformerInfo("chroma"),
     "Flux2Transformer2DModel": TransformerInfo("flux2"),

@@ -15,6 +15,7 @@ import torch
 
 from . import attention_breaks
 from .capture import BreakableCUDAGraphCapture
+from .copy_back import BreakOutputMismatchError
 from .config import BCGConfig
 from .descriptor import GraphKey, UncacheableInput, execution_state, flatten_inputs, rebuild_inputs
 from .eager_modules import EagerModules
@@ -130,6 +131,7 @@ class GraphRunner:
             return self._eager(args, kwargs, f"uncacheable input: {exc}")
         if not tensors or not all(t.is_cuda for t in tensors):
             return self._eager(args, kwargs, "inputs are not all on a CUDA device")
+        inputs += self._value_fields(kwargs)
         key = GraphKey(inputs, execution_state(self.module), self.fingerprint.compute())
         entry = self.entries.get(key)
         if entry is None:
@@ -138,8 +140,28 @@ class GraphRunner:
             self.entries.move_to_end(key)
         if entry.fallback is not None:
             return self._eager(args, kwargs, None)
+        try:
+            out = self._run(entry, tensors)
+        except BreakOutputMismatchError as exc:
+            # A break returned another shape than at capture: its output shape depends on values the
+            # key does not hold. Never return a partial replay: this key runs eagerly from now on.
+            self._warn(
+                f"bcg: replay of {type(self.module).__name__} stopped: {exc}. This input shape now runs eagerly."
+            )
+            entry.release()
+            entry.fallback = f"break output changed shape: {str(exc).splitlines()[0][:200]}"
+            return self._eager(args, kwargs, None)
         entry.hits += 1
-        return self._run(entry, tensors)
+        return out
+
+    def _value_fields(self, kwargs: dict) -> tuple:
+        """Key fields for masks whose values decide shapes inside the model (per-row token counts)."""
+        fields = []
+        for name in self.info.value_keyed:
+            mask = kwargs.get(name)
+            if isinstance(mask, torch.Tensor):
+                fields.append((f"{name}.sum(-1)", tuple(mask.sum(-1).flatten().tolist())))
+        return tuple(fields)
 
     def _eager(self, args: tuple, kwargs: dict, reason: str | None) -> Any:
         self.eager_calls += 1
@@ -171,7 +193,7 @@ class GraphRunner:
             )
         self._last_key = key
         self._evict(keep=self.config.max_graphs - 1)
-        static = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in tensors]
+        static = [torch.empty_like(t).copy_(t) for t in tensors]  # same strides where dense; expanded inputs get dense buffers
         s_args, s_kwargs = rebuild_inputs(args, kwargs, static)
         entry = self._capture(key, static, s_args, s_kwargs)
         self.entries[key] = entry

@@ -16,6 +16,15 @@ FAMILIES = pipelines.list_families() if hasattr(pipelines, "list_families") else
 PROMPT = "a red fox jumping over a frozen river at dawn"
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_patches():
+    """A failed test must not leave attention patches behind for the next one."""
+    yield
+    for key in list(attention_breaks._patches):
+        attention_breaks._patches[key].refcount = 1
+        attention_breaks._release(key)
+
+
 def _build(family, seed=0):
     return pipelines.build_pipeline(family, size="tiny", device="cuda", dtype=torch.float32, seed=seed)
 
@@ -86,7 +95,8 @@ def test_prompts_of_different_lengths_exact_and_bucketed():
     bcg.accelerate_pipeline(pipe)
     assert torch.equal(_run(pipe, family, prompt=short), eager_short)
     assert torch.equal(_run(pipe, family, prompt=long), eager_long)
-    assert bcg.get_stats(pipe).captures == 2  # exact text length is part of the key by default
+    # exact text length is part of the key by default: short, long and the negative prompt (CFG)
+    assert bcg.get_stats(pipe).captures == 3
     bcg.remove_acceleration(pipe)
     bcg.accelerate_pipeline(pipe, bcg.BCGConfig(text_buckets=(256,)))
     torch.testing.assert_close(_run(pipe, family, prompt=short), eager_short, rtol=1e-4, atol=1e-4)
@@ -191,8 +201,8 @@ def test_uncapturable_op_in_one_block_costs_only_that_block():
     del block.forward
     assert torch.equal(out, eager_clean)
     assert entry.fallback is None and entry.eager_modules == ("transformer_blocks.0",)
-    # the block's own attention break(s) fold into the one block break
-    assert entry.breaks < clean.breaks and entry.segments >= 2, (entry, clean)
+    # the block's attention break is replaced by one break around the whole block; all else captured
+    assert entry.breaks == clean.breaks and entry.segments == clean.segments, (entry, clean)
 
 
 def test_regional_compile_with_acceleration_matches_compile_alone():
