@@ -61,15 +61,19 @@ def _construct_on(device: torch.device, dtype: torch.dtype, seed: int, name: str
         torch.set_default_dtype(old)
 
 
-def _place(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Move to ``device`` and cast floating tensors not yet in ``dtype`` (tensor by tensor: ``ModelMixin.to(dtype)``
-    warns about fp32 modules even when there are none)."""
+def _place(module: torch.nn.Module, device: torch.device, dtype: torch.dtype, cast_buffers: bool = True) -> torch.nn.Module:
+    """Move to ``device`` and cast floating tensors not yet in ``dtype``, as loading real weights in ``dtype`` does.
+
+    Diffusers' ``from_pretrained(torch_dtype=...)`` casts buffers too; transformers builds under the default
+    dtype and leaves explicitly fp32 buffers (RoPE frequencies) alone, hence ``cast_buffers=False`` for text
+    encoders. Cast tensor by tensor: ``ModelMixin.to(dtype)`` warns about fp32 modules even when there are none.
+    """
     module = module.to(device)
     for m in module.modules():
         for name, p in m._parameters.items():
             if p is not None and p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
-        for name, b in m._buffers.items():
+        for name, b in m._buffers.items() if cast_buffers else ():
             if b is not None and b.is_floating_point() and b.dtype != dtype:
                 m._buffers[name] = b.to(dtype)
     return module.eval().requires_grad_(False)
@@ -84,7 +88,7 @@ def build_components(spec: FamilySpec, size: str, device: torch.device, dtype: t
         comps[te.tokenizer_component] = tok
         with _construct_on(device, dtype, seed, te.component):
             model = build_text_encoder(te.kind, preset(te.preset(size)), tok)
-        comps[te.component] = _place(model, device, dtype)
+        comps[te.component] = _place(model, device, dtype, cast_buffers=False)
     with _construct_on(device, dtype, seed, "vae"):
         vae = spec.vae_class(**sz.vae)
     comps["vae"] = _place(vae, device, dtype)
