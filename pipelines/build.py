@@ -113,7 +113,8 @@ def build_pipeline(
 
     ``device=None`` means CUDA if available else CPU; ``dtype=None`` bf16 on CUDA, fp32 otherwise. The same
     ``seed`` on the same device gives bitwise-identical weights. Raises ``ValueError`` for an unknown family
-    or size. Progress bars are off unless ``progress_bar=True``.
+    or size. Progress bars are off unless ``progress_bar=True``. Building reseeds torch's global RNG and
+    briefly changes the default dtype and device: not thread-safe.
     """
     spec = get_family(family)
     spec.size(size)  # validates the size name before any work
