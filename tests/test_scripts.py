@@ -1,0 +1,208 @@
+"""CPU tests of the user-facing scripts: scripts/generate.py and scripts/bench_step.py.
+
+They call each script's ``main([...])`` in-process on the tiny random-weight pipelines. Tests that need the
+pipeline-level API of ``bcg_diffusion`` skip, naming the missing attribute, until it exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bcg_script_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script executes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def generate():
+    return _load("generate")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("bench_step")
+
+
+def _require_bcg(*names: str):
+    """Skip (naming what is missing) unless bcg_diffusion has all of ``names``."""
+    bcg = pytest.importorskip("bcg_diffusion")
+    missing = [n for n in names if not hasattr(bcg, n)]
+    if missing:
+        pytest.skip(f"bcg_diffusion has no {', '.join(missing)} yet")
+    return bcg
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py: arguments
+# ---------------------------------------------------------------------------------------------------------
+def test_generate_defaults(generate):
+    args = generate.build_parser().parse_args([])
+    assert args.model == generate.DEFAULT_MODEL == "flux"
+    assert args.size == "tiny"
+    assert (args.batch, args.seed) == (1, 0)
+    assert args.steps is None and args.height is None and args.guidance is None
+    assert not (args.bcg or args.compare or args.compile or args.debug_cuda_graph)
+    assert args.prompt
+
+
+def test_generate_bad_family_names_the_families(generate, capsys):
+    assert generate.main(["--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and "known families" in err
+    for family in ("flux", "pixart", "sd3"):
+        assert family in err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--height", "65"], "multiples of"),
+        (["--model", "pixart", "--width", "100"], "multiples of"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--batch", "0"], "--batch must be >= 1"),
+        (["--frames", "5"], "makes images"),
+        (["--out", "video.mp4"], "use one of"),
+        (["--attention-backend", "no-such-backend"], "not a diffusers backend"),
+        (["--size", "huge"], "invalid choice"),
+    ],
+)
+def test_generate_bad_arguments_exit_2(generate, capsys, argv, needle):
+    assert generate.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_generate_list_models(generate, capsys):
+    assert generate.main(["--list-models"]) == 0
+    out = capsys.readouterr().out
+    assert "flux" in out and "pixart" in out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py: runs on the tiny pipelines
+# ---------------------------------------------------------------------------------------------------------
+def test_generate_tiny_writes_pngs_of_the_requested_size(generate, tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "fox.png"
+    rc = generate.main(["--model", "flux", "--height", "48", "--width", "80", "--steps", "3", "--batch", "2",
+                        "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    files = [tmp_path / "fox_0.png", tmp_path / "fox_1.png"]
+    for f in files:
+        assert f.exists(), text
+        assert Image.open(f).size == (80, 48)
+        assert f"wrote {f}" in text
+    assert "3 steps, median step" in text and "total" in text
+
+
+@CPU_ONLY
+def test_generate_compare_on_cpu_says_bcg_needs_cuda(generate, tmp_path, capsys):
+    out = tmp_path / "cmp.png"
+    assert generate.main(["--compare", "--steps", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("BCG needs a CUDA GPU") == 1, text
+    assert "outputs bitwise identical: YES" in text
+    assert out.exists() and (tmp_path / "cmp_bcg.png").exists()
+
+
+@CPU_ONLY
+def test_generate_bcg_on_cpu_is_a_noop(generate, tmp_path, capsys):
+    _require_bcg("accelerate_pipeline", "BCGConfig", "get_stats")
+    eager, accel = tmp_path / "eager.png", tmp_path / "bcg.png"
+    assert generate.main(["--model", "pixart", "--steps", "2", "--height", "64", "--width", "64", "--out", str(eager)]) == 0
+    assert generate.main(["--model", "pixart", "--steps", "2", "--height", "64", "--width", "64", "--bcg",
+                          "--out", str(accel)]) == 0
+    text = capsys.readouterr().out
+    assert "BCG needs a CUDA GPU" in text
+    assert eager.read_bytes() == accel.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bench_step.py
+# ---------------------------------------------------------------------------------------------------------
+def test_bench_parse_case(bench):
+    c = bench.parse_case("pixart:full:512x512:b2")
+    assert (c.family, c.size, c.height, c.width, c.frames, c.batch) == ("pixart", "full", 512, 512, None, 2)
+    c = bench.parse_case("wan:full:480x832:f81:b1")
+    assert (c.height, c.width, c.frames, c.batch) == (480, 832, 81, 1)
+    c = bench.parse_case("wan:tiny:32x32x9")
+    assert (c.size, c.frames, c.batch) == ("tiny", 9, 1)
+    assert bench.parse_case("flux").label == "flux:full:b1"
+    with pytest.raises(ValueError, match="cannot read"):
+        bench.parse_case("flux:big")
+
+
+def test_bench_default_matrix_covers_the_families(bench):
+    families = {bench.parse_case(c).family for c in bench.DEFAULT_CASES}
+    assert {"pixart", "sd3", "sana", "wan", "flux", "qwenimage"} <= families
+    for text in bench.DEFAULT_CASES:
+        assert bench.parse_case(text).size == "full"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--modes", "eager,turbo"], "unknown mode"),
+        (["--cases", "no-such-model:tiny"], "unknown family"),
+        (["--cases", "flux:full:1000x1000"], "multiples of"),
+        (["--iters", "0"], "--iters must be >= 1"),
+    ],
+)
+def test_bench_bad_arguments_exit_2(bench, capsys, argv, needle):
+    assert bench.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+@CPU_ONLY
+def test_bench_cpu_run_writes_json_markdown_png(bench, tmp_path, capsys):
+    rc = bench.main(["--cases", "flux:tiny", "--iters", "2", "--rounds", "2", "--warmup", "1", "--e2e-steps", "2",
+                     "--out-dir", str(tmp_path)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "no CUDA GPU" in text
+    jsons, mds, pngs = (sorted(tmp_path.glob(f"bench_step_*.{ext}")) for ext in ("json", "md", "png"))
+    assert len(jsons) == len(mds) == len(pngs) == 1
+    report = json.loads(jsons[0].read_text())
+    env = report["environment"]
+    for key in ("date", "torch", "diffusers", "cuda", "gpu"):
+        assert key in env
+    (case,) = report["cases"]
+    assert case["case"] == "flux:tiny:64x64:b1" and case["error"] is None
+    modes = case["modes"]
+    assert set(modes) == set(bench.MODES)
+    assert modes["eager"]["status"] == "ok" and modes["eager"]["n"] == 4 and modes["eager"]["median_ms"] > 0
+    assert modes["eager"]["bitwise_equal_to_eager"] is True
+    for mode in bench.CUDA_ONLY:
+        assert modes[mode]["status"] == "n/a" and modes[mode]["reason"] == "needs CUDA"
+    assert modes["compile"]["torch_compile"] is True and modes["eager"]["torch_compile"] is False
+    assert case["e2e"]["steps"] == 2 and case["e2e"]["eager_s"] > 0
+    md = mds[0].read_text()
+    assert "| flux:tiny:64x64:b1 | eager |" in md and "needs CUDA" in md
+    assert pngs[0].stat().st_size > 0
+
+
+@CPU_ONLY
+def test_bench_cpu_bcg_mode_runs_as_noop(bench, tmp_path):
+    _require_bcg("accelerate_transformer", "accelerate_pipeline", "remove_acceleration", "BCGConfig", "get_stats")
+    assert bench.main(["--cases", "pixart:tiny", "--modes", "eager,bcg", "--iters", "2", "--rounds", "2",
+                       "--warmup", "1", "--e2e-steps", "2", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("bench_step_*.json")).read_text())
+    (case,) = report["cases"]
+    bcg = case["modes"]["bcg"]
+    assert bcg["status"] == "ok" and bcg["n"] == 4, bcg
+    assert bcg["bitwise_equal_to_eager"] is True
+    assert case["e2e"]["bitwise_equal_to_eager"] is True and case["e2e"]["bcg_second_s"] > 0
