@@ -93,7 +93,11 @@ def test_text_buckets_pad_with_masked_tokens():
     assert padded["enc"].shape == (2, 8, 4) and padded["mask"].shape == (2, 8)
     assert padded["mask"][:, 5:].sum() == 0 and torch.equal(padded["enc"][:, :5], kwargs["enc"])
     assert pad_text_to_bucket(info, None, kwargs) is kwargs
-    assert pad_text_to_bucket(info, (8,), {"enc": kwargs["enc"], "mask": None})["enc"].shape == (2, 5, 4)
+    no_mask = pad_text_to_bucket(info, (8,), {"enc": kwargs["enc"], "mask": None})
+    assert no_mask["enc"].shape == (2, 8, 4) and no_mask["mask"].dtype == torch.bool
+    assert no_mask["mask"].sum().item() == 10
+    other = TransformerInfo("flux")
+    assert pad_text_to_bucket(other, (8,), kwargs) is kwargs
     assert bucket_for(17, (8, 16)) is None and bucket_for(9, (8, 16)) == 16
 
 
