@@ -6,6 +6,7 @@ Everything done to a model is recorded in an :class:`_Acceleration` stored on it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -111,6 +112,8 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
 
 def _attach(module: torch.nn.Module, config: BCGConfig, info: Any, acceleration: _Acceleration) -> None:
     previous = module.__dict__.get("forward", _MISSING)
+    if config.check_weights == "auto":
+        config = dataclasses.replace(config, check_weights="every_call")
     runner = GraphRunner(module, module.forward, config, info)
     acceleration.runners.append(runner)
     acceleration.undos.append(runner.close)
@@ -170,6 +173,8 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
     for name, module in transformers:
         transformer_info(module, config.allow_unknown)
         _check_composable(module, f"pipe.{name}")
+    if config.check_weights == "auto":
+        config = dataclasses.replace(config, check_weights="per_pipeline_call")
     done: list[torch.nn.Module] = []
     try:
         for _, module in transformers:
@@ -180,7 +185,35 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
             _remove_from_module(module)
         raise
     setattr(pipe, _ATTR, [m for _, m in transformers])
+    _wrap_pipeline_call(pipe)
     return pipe
+
+
+_call_wrappers: dict[type, type] = {}
+
+
+def _wrap_pipeline_call(pipe: Any) -> None:
+    """Give ``pipe`` a same-named subclass whose ``__call__`` first invalidates the weight
+    fingerprints (so weights are checked once per pipeline call); undone by restoring the class."""
+    cls = type(pipe)
+    wrapper = _call_wrappers.get(cls)
+    if wrapper is None:
+        original_call = cls.__call__
+
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            for runner in _runners(self):
+                runner.fingerprint.invalidate()
+            return original_call(self, *args, **kwargs)
+
+        wrapper = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__, "_bcg_wrapped_class": cls})
+        _call_wrappers[cls] = wrapper
+    pipe.__class__ = wrapper
+
+
+def _unwrap_pipeline_call(pipe: Any) -> None:
+    original = type(pipe).__dict__.get("_bcg_wrapped_class")
+    if original is not None:
+        pipe.__class__ = original
 
 
 def _remove_from_module(module: torch.nn.Module) -> bool:
@@ -198,6 +231,8 @@ def remove_acceleration(obj: Any) -> Any:
     modules = obj.__dict__.pop(_ATTR, None) if not isinstance(obj, torch.nn.Module) else None
     if isinstance(obj, torch.nn.Module):
         _remove_from_module(obj)
+    elif modules is not None:
+        _unwrap_pipeline_call(obj)
     for module in modules or []:
         _remove_from_module(module)
     return obj

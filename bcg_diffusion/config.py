@@ -37,6 +37,10 @@ class BCGConfig:
             breaks at ``dispatch_attention_fn`` and ``scaled_dot_product_attention``).
         max_narrowing: after a failed capture, how many modules may be made eager breaks of
             their own (one per retry) before the key falls back to eager.
+        check_weights: when the weight fingerprint (addresses, version counters, adapter state) is
+            recomputed: ``"auto"`` (once per pipeline call under ``accelerate_pipeline``, every call
+            for a bare transformer), ``"every_call"``, or ``"per_pipeline_call"``. Adding or
+            replacing parameters or modules (loading LoRA) is seen on every call in all modes.
     """
 
     debug: bool = False
@@ -48,6 +52,7 @@ class BCGConfig:
     eager_modules: tuple[str, ...] = field(default_factory=tuple)
     allow_unknown: bool = False
     max_narrowing: int = 2
+    check_weights: str = "auto"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -77,6 +82,11 @@ class BCGConfig:
         object.__setattr__(self, "eager_modules", names)
         _check(isinstance(self.allow_unknown, bool), "allow_unknown must be a bool", self.allow_unknown)
         _check(_is_int(self.max_narrowing) and self.max_narrowing >= 0, "max_narrowing must be an int >= 0", self.max_narrowing)
+        _check(
+            self.check_weights in ("auto", "every_call", "per_pipeline_call"),
+            "check_weights must be 'auto', 'every_call' or 'per_pipeline_call'",
+            self.check_weights,
+        )
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

@@ -6,7 +6,8 @@ The fingerprint covers, for every parameter and buffer, its address and its vers
 module anywhere registers a parameter, buffer or submodule (global torch registration hooks,
 installed while at least one transformer is accelerated), which is what loading or unloading
 LoRA and assigning new ``nn.Parameter`` objects do.
-Not covered: writes through ``param.data`` (no version bump); call ``refresh_graphs(pipe)``.
+Not covered: writes through ``param.data`` (no version bump); call ``clear_graphs(pipe)``.
+Under ``accelerate_pipeline`` the addresses and versions are read once per pipeline call.
 """
 
 from __future__ import annotations
@@ -60,11 +61,24 @@ def release_registration_hooks() -> None:
 class WeightsFingerprint:
     """Computes the fingerprint of one module; cheap per call (C-level maps over tensors)."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: torch.nn.Module, every_call: bool = True) -> None:
         self._module = module
         self._epoch = -1
         self._tensors: list[torch.Tensor] = []
         self._adapters: list[Any] = []
+        self.every_call = every_call
+        self._cached: tuple | None = None
+
+    def invalidate(self) -> None:
+        """Recompute on the next :meth:`current` (called at the start of each pipeline call)."""
+        self._cached = None
+
+    def current(self) -> tuple:
+        """The fingerprint: recomputed every call, or cached until :meth:`invalidate` or a
+        parameter/buffer/module registration anywhere."""
+        if self.every_call or self._cached is None or self._epoch != _epoch:
+            self._cached = self.compute()
+        return self._cached
 
     def _refresh(self) -> None:
         module = self._module

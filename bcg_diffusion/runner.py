@@ -112,7 +112,7 @@ class GraphRunner:
         self.info = info
         self.entries: collections.OrderedDict[GraphKey, GraphEntry] = collections.OrderedDict()
         self.eager_modules = EagerModules(module)
-        self.fingerprint = WeightsFingerprint(module)
+        self.fingerprint = WeightsFingerprint(module, every_call=config.check_weights == "every_call")
         self.misses = 0
         self.eager_calls = 0
         self.captures = 0
@@ -132,7 +132,7 @@ class GraphRunner:
         if not tensors or not all(t.is_cuda for t in tensors):
             return self._eager(args, kwargs, "inputs are not all on a CUDA device")
         inputs += self._value_fields(kwargs)
-        key = GraphKey(inputs, execution_state(self.module), self.fingerprint.compute())
+        key = GraphKey(inputs, execution_state(self.module), self.fingerprint.current())
         entry = self.entries.get(key)
         if entry is None:
             entry = self._new_entry(key, args, kwargs, tensors)

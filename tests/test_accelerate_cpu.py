@@ -227,3 +227,34 @@ def test_offloaded_pipeline_is_refused(pretend_cuda):
 def test_not_a_pipeline():
     with pytest.raises(TypeError, match="use accelerate_transformer"):
         acc._transformers_of(object())
+
+
+class CallablePipe(FakePipe):
+    def __call__(self, x):
+        return self.transformer(x)
+
+
+def test_pipeline_call_checks_weights_once_and_class_is_restored(pretend_cuda):
+    pipe = CallablePipe()
+    bcg.accelerate_pipeline(pipe)
+    assert type(pipe).__name__ == "CallablePipe" and isinstance(pipe, CallablePipe) and type(pipe) is not CallablePipe
+    runner = acc._runners(pipe)[0]
+    assert not runner.fingerprint.every_call
+    first = runner.fingerprint.current()
+    with torch.no_grad():
+        pipe.transformer.transformer_blocks[0].weight.add_(1)
+    assert runner.fingerprint.current() == first  # cached within one pipeline call
+    pipe(torch.randn(3, 4))  # a new pipeline call invalidates the cache
+    assert runner.fingerprint.current() != first
+    bcg.remove_acceleration(pipe)
+    assert type(pipe) is CallablePipe
+
+
+def test_bare_transformer_checks_weights_every_call(pretend_cuda):
+    model = bcg.accelerate_transformer(FluxTransformer2DModel())
+    runner = acc._runners(model)[0]
+    first = runner.fingerprint.current()
+    with torch.no_grad():
+        model.transformer_blocks[0].weight.add_(1)
+    assert runner.fingerprint.current() != first
+    bcg.remove_acceleration(model)
