@@ -715,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError (offload hooks, unknown transformer)
             return None, f"error: BCG could not be applied: {type(exc).__name__}: {exc}"
 
-    tag = " (compiled)" if args.compile else ""
+    tag = " + compile" if args.compile else ""
     results: list[RunResult] = []
     try:
         if args.compare:
