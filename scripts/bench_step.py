@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime as _dt
 import gc
 import importlib.util
@@ -318,6 +319,7 @@ class Runner:
     extra: dict[str, Any] = field(default_factory=dict)
     accelerated: bool = False  # BCG modes: whether the copy is accelerated right now
     activations: int = 0
+    bcg_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_bcg(self) -> bool:
@@ -325,7 +327,7 @@ class Runner:
 
     def activate(self, cuda: bool) -> None:
         if self.is_bcg and not self.accelerated:
-            _accelerate(self.module, cuda)
+            _accelerate(self.module, cuda, self.bcg_options)
             self.accelerated = True
             self.activations += 1
 
@@ -338,11 +340,12 @@ class Runner:
 class StepContext:
     """The transformer and the recorded inputs of a real denoising step, shared by all modes of a case."""
 
-    def __init__(self, transformer, args, kwargs, cuda: bool):
+    def __init__(self, transformer, args, kwargs, cuda: bool, bcg_options: dict[str, Any] | None = None):
         self.transformer = transformer
         self.args = args
         self.kwargs = kwargs
         self.cuda = cuda
+        self.bcg_options = dict(bcg_options or {})
 
     def call(self, module):
         return module(*self.args, **self.kwargs)
@@ -352,12 +355,19 @@ def _bcg(names=("accelerate_transformer", "BCGConfig", "get_stats")):
     return gen.bcg_api(*names)
 
 
-def _accelerate(module, cuda: bool):
+def bcg_config(api, options: dict[str, Any]):
+    """``BCGConfig(**options)``, keeping only the fields this version of the library has."""
+    names = {f.name for f in dataclasses.fields(api.BCGConfig)}
+    return api.BCGConfig(**{k: v for k, v in options.items() if k in names and v is not None})
+
+
+def _accelerate(module, cuda: bool, options: dict[str, Any]):
     api = _bcg()
+    config = bcg_config(api, options)
     if cuda:
-        return api.accelerate_transformer(module, api.BCGConfig())
+        return api.accelerate_transformer(module, config)
     with gen.quiet_library_warnings():  # the no-CUDA no-op was announced once at start
-        return api.accelerate_transformer(module, api.BCGConfig())
+        return api.accelerate_transformer(module, config)
 
 
 def setup_eager(ctx: StepContext) -> Runner:
@@ -370,7 +380,8 @@ def setup_bcg(ctx: StepContext) -> Runner:
     notes = ["accelerate_transformer on a weight-sharing copy of the transformer"]
     if not ctx.cuda:
         notes.append("no CUDA: accelerate_transformer is a no-op, so this is eager")
-    runner = Runner("bcg", lambda: first_tensor(ctx.call(module)), module=module, notes=notes)
+    runner = Runner("bcg", lambda: first_tensor(ctx.call(module)), module=module, notes=notes,
+                    bcg_options=ctx.bcg_options)
     runner.activate(ctx.cuda)
     return runner
 
@@ -431,7 +442,8 @@ def setup_compile(ctx: StepContext) -> Runner:
 def setup_compile_bcg(ctx: StepContext) -> Runner:
     module, desc, secs = _compiled_copy(ctx)
     runner = Runner("compile_bcg", lambda: first_tensor(ctx.call(module)), compiled=True, module=module,
-                    notes=[desc + ", then accelerate_transformer"], extra={"compile_calls_s": secs})
+                    notes=[desc + ", then accelerate_transformer"], extra={"compile_calls_s": secs},
+                    bcg_options=ctx.bcg_options)
     runner.activate(ctx.cuda)
     return runner
 
@@ -460,6 +472,10 @@ SETUPS = {
 }
 
 
+def bcg_options(opts) -> dict[str, Any]:
+    return {"check_weights": opts.check_weights}
+
+
 def bcg_stats_dict(module) -> dict[str, Any] | None:
     try:
         stats = _bcg(("get_stats",)).get_stats(module)
@@ -482,7 +498,7 @@ def bcg_stats_dict(module) -> dict[str, Any] | None:
 # One case
 # ---------------------------------------------------------------------------------------------------------
 def pipe_call_kwargs(pipe, spec, case: Case, steps: int) -> dict[str, Any]:
-    params = inspect.signature(pipe.__call__).parameters
+    params = gen.call_parameters(pipe)
     call = {k: v for k, v in spec.default_call(case.size).items() if k not in ("height", "width", "num_frames")}
     call.update(prompt=PROMPT, height=case.height, width=case.width, num_inference_steps=steps)
     if case.frames is not None:
@@ -754,7 +770,7 @@ def run_case(case: Case, modes: list[str], opts, api, device, dtype, clock: Cloc
         hs = kwargs.get("hidden_states", args[0] if args else None)
         result["transformer_batch"] = int(hs.shape[0]) if isinstance(hs, torch.Tensor) else None
         log(f"    step inputs: hidden_states {describe_tree(hs)}, {ncalls} transformer call(s) per step")
-        ctx = StepContext(pipe.transformer, args, kwargs, clock.cuda)
+        ctx = StepContext(pipe.transformer, args, kwargs, clock.cuda, bcg_options(opts))
         result["modes"] = run_modes(ctx, modes, opts, clock, log)
         ctx = None
         free_memory(clock.cuda, dynamo=used_compile)
@@ -840,7 +856,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"commit {env.get('git_commit')}.",
         f"{report['settings']['iters']} calls x {report['settings']['rounds']} interleaved rounds per mode after "
         f"{report['settings']['warmup']} warm-up calls; latency is the median of one transformer call (the step's "
-        "first call; `calls/step` says how many a step makes).",
+        "first call; `calls/step` says how many a step makes). BCG modes: "
+        + ", ".join(f"{k}={v!r}" for k, v in report["settings"].get("bcg_config_of_step_modes", {}).items()) + ".",
         "",
         "`/ whole_graph`: mode time divided by whole-step CUDA graph time (1.00 is the practical floor). "
         "`x eager`: eager time divided by mode time (speedup). `compile`: whether torch.compile was on. "
@@ -954,6 +971,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time a full pipe(...) call eager vs BCG (first call with capture, then a second) "
                    "(default: on)")
     p.add_argument("--e2e-steps", type=int, default=None, help="steps of the end-to-end call (default: the family's)")
+    p.add_argument("--check-weights", choices=("per_pipeline_call", "every_call", "auto"), default="per_pipeline_call",
+                   help="BCGConfig.check_weights of the bcg modes. The benchmark calls a bare transformer, for which "
+                   "the library default ('auto') recomputes the weight fingerprint on every call; inside a pipeline "
+                   "it is read once per pipeline call, which the default here mimics (default: per_pipeline_call)")
     p.add_argument("--dtype", choices=gen.DTYPE_CHOICES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="default: bench_results/")
@@ -1039,7 +1060,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "environment": env,
         "settings": {"iters": opts.iters, "rounds": opts.rounds, "warmup": opts.warmup, "e2e": opts.e2e,
-                     "e2e_steps": opts.e2e_steps, "seed": opts.seed, "quick": opts.quick, "argv": sys.argv[1:] if argv is None else list(argv),
+                     "e2e_steps": opts.e2e_steps, "seed": opts.seed, "quick": opts.quick,
+                     "bcg_config_of_step_modes": bcg_options(opts),
+                     "argv": sys.argv[1:] if argv is None else list(argv),
                      "timing": "CUDA events per call" if cuda else "perf_counter per call (no CUDA)"},
         "modes": {m: {"description": MODE_HELP[m], "torch_compile": m in COMPILED} for m in MODES},
         "cases": [],

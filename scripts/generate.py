@@ -179,6 +179,22 @@ def set_attention_backend(transformer, name: str) -> str:
     return f"attention backend {name!r} set on {reached} of {total} attention processors"
 
 
+def call_parameters(pipe) -> dict[str, inspect.Parameter]:
+    """The named parameters of the pipeline's ``__call__``.
+
+    Looks through the class hierarchy, past wrappers with a bare ``(*args, **kwargs)`` signature (such as the
+    subclass ``accelerate_pipeline`` gives an accelerated pipeline), to the pipeline's own ``__call__``.
+    """
+    for cls in type(pipe).__mro__:
+        fn = cls.__dict__.get("__call__")
+        if fn is None:
+            continue
+        params = inspect.signature(fn).parameters
+        if any(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name != "self" for name, p in params.items()):
+            return dict(params)
+    return dict(inspect.signature(pipe.__call__).parameters)
+
+
 def cuda_sync(device) -> None:
     import torch
 
@@ -249,7 +265,7 @@ class StepTimer:
             return bar
 
         pipe.progress_bar = progress_bar
-        params = inspect.signature(pipe.__call__).parameters
+        params = call_parameters(pipe)
         if "callback_on_step_end" in params:
             self.mode = "callback_on_step_end"
 
@@ -535,7 +551,7 @@ def make_plan(args, parser: argparse.ArgumentParser, api) -> Plan:
 
 def finish_call_kwargs(pipe, call: dict[str, Any]) -> dict[str, Any]:
     """Adapt the planned call to this pipeline's signature (batch keyword, caption cleaning)."""
-    params = inspect.signature(pipe.__call__).parameters
+    params = call_parameters(pipe)
     call = dict(call)
     batch = call.pop("_batch", 1)
     for key in ("num_images_per_prompt", "num_videos_per_prompt"):

@@ -131,6 +131,20 @@ def test_generate_bcg_on_cpu_is_a_noop(generate, tmp_path, capsys):
     assert eager.read_bytes() == accel.read_bytes()
 
 
+def test_step_timer_sees_through_a_call_wrapper(generate):
+    """accelerate_pipeline gives the pipeline a subclass whose __call__ is (*args, **kwargs); the step
+    callback must still be found (PixArt-Sigma: the legacy ``callback``)."""
+    from pipelines import build_pipeline
+
+    pipe = build_pipeline("pixart", "tiny", device="cpu")
+    cls = type(pipe)
+    pipe.__class__ = type(cls.__name__, (cls,), {"__call__": lambda self, *a, **k: cls.__call__(self, *a, **k)})
+    assert "callback" in generate.call_parameters(pipe)
+    result = generate.run_pipeline(pipe, {"prompt": "x", "num_inference_steps": 3, "height": 64, "width": 64,
+                                          "clean_caption": False}, 0, torch.device("cpu"), "wrapped")
+    assert len(result.step_times) == 3 and result.latents is not None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # bench_step.py
 # ---------------------------------------------------------------------------------------------------------
@@ -144,6 +158,13 @@ def test_bench_parse_case(bench):
     assert bench.parse_case("flux").label == "flux:full:b1"
     with pytest.raises(ValueError, match="cannot read"):
         bench.parse_case("flux:big")
+
+
+def test_bench_bcg_config_keeps_known_fields(bench):
+    bcg = _require_bcg("BCGConfig")
+    api = bench.gen.bcg_api("BCGConfig")
+    config = bench.bcg_config(api, {"debug": True, "no_such_field": 1, "max_graphs": None})
+    assert isinstance(config, bcg.BCGConfig) and config.debug is True
 
 
 def test_bench_default_matrix_covers_the_families(bench):
