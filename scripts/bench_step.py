@@ -933,7 +933,7 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
             if r.get("speedup_vs_eager"):
                 xs.append(i + (j - (len(modes) - 1) / 2) * width)
                 ys.append(r["speedup_vs_eager"])
-        bars = ax.bar(xs, ys, width, label=mode + (" (compiled)" if mode in COMPILED else ""),
+        bars = ax.bar(xs, ys, width, label=mode + (" (torch.compile)" if mode in COMPILED else ""),
                       hatch="//" if mode in COMPILED else None)
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
