@@ -7,6 +7,7 @@ Everything done to a model is recorded in an :class:`_Acceleration` stored on it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -200,6 +201,7 @@ def _wrap_pipeline_call(pipe: Any) -> None:
     if wrapper is None:
         original_call = cls.__call__
 
+        @functools.wraps(original_call)  # keeps inspect.signature(pipe.__call__) and the docstring
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             for runner in _runners(self):
                 runner.fingerprint.invalidate()

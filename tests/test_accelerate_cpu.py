@@ -238,6 +238,9 @@ def test_pipeline_call_checks_weights_once_and_class_is_restored(pretend_cuda):
     pipe = CallablePipe()
     bcg.accelerate_pipeline(pipe)
     assert type(pipe).__name__ == "CallablePipe" and isinstance(pipe, CallablePipe) and type(pipe) is not CallablePipe
+    import inspect
+
+    assert list(inspect.signature(pipe.__call__).parameters) == ["x"]
     runner = acc._runners(pipe)[0]
     assert not runner.fingerprint.every_call
     first = runner.fingerprint.current()
