@@ -120,7 +120,7 @@ def _attach(module: torch.nn.Module, config: BCGConfig, info: Any, acceleration:
     acceleration.undos.append(runner.close)
     fingerprint.acquire_registration_hooks()
     acceleration.undos.append(fingerprint.release_registration_hooks)
-    acceleration.undos.append(attention_breaks.install(module))
+    acceleration.undos.append(attention_breaks.install(module, info.eager_functions))
     module.forward = runner
 
     def restore_forward() -> None:

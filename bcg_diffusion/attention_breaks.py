@@ -113,7 +113,13 @@ def _make_break(original: Callable) -> Callable:
     return wrapped
 
 
-def _acquire(owner: Any, attr: str) -> tuple[str, str]:
+def _make_function_break(original: Callable) -> Callable:
+    wrapped = torch._dynamo.disable(eager_on_graph(original))
+    wrapped.__bcg_original__ = original  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _acquire(owner: Any, attr: str, make: Callable[[Callable], Callable] = _make_break) -> tuple[str, str]:
     key = (getattr(owner, "__name__", repr(owner)), attr)
     patch = _patches.get(key)
     if patch is not None:
@@ -121,7 +127,7 @@ def _acquire(owner: Any, attr: str) -> tuple[str, str]:
         return key
     original = getattr(owner, attr)
     _patches[key] = _Patch(owner, attr, original, 1)
-    setattr(owner, attr, _make_break(original))
+    setattr(owner, attr, make(original))
     return key
 
 
@@ -160,13 +166,16 @@ def attention_modules(transformer: torch.nn.Module) -> tuple[list[Any], bool]:
     return with_dispatch, direct_sdpa
 
 
-def install(transformer: torch.nn.Module) -> Callable[[], None]:
-    """Install the attention breaks this transformer needs; returns the undo function."""
+def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ()) -> Callable[[], None]:
+    """Install the attention breaks this transformer needs, and make ``eager_functions`` (names of
+    functions in the transformer's own module) eager breaks; returns the undo function."""
     modules, direct_sdpa = attention_modules(transformer)
+    home = sys.modules[type(transformer).__module__]
     with _lock:
         keys = [_acquire(mod, _DISPATCH_NAME) for mod in modules]
         if direct_sdpa or not modules:
             keys.append(_acquire(torch.nn.functional, "scaled_dot_product_attention"))
+        keys += [_acquire(home, name, _make_function_break) for name in eager_functions if callable(getattr(home, name, None))]
 
     def undo() -> None:
         with _lock:

@@ -18,12 +18,15 @@ class TransformerInfo:
             padding applies).
         value_keyed: mask inputs whose values decide tensor shapes inside the model (Lumina2 packs
             the text by its effective length): their per-row token counts become part of the key.
+        eager_functions: module-level functions of the transformer's module that run as eager
+            breaks (they build tensors on the host inside ``forward``).
     """
 
     family: str
     text_kwarg: str | None = None
     text_mask_kwarg: str | None = None
     value_keyed: tuple[str, ...] = ()
+    eager_functions: tuple[str, ...] = ()
 
 
 KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
@@ -33,7 +36,11 @@ KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
     "SanaTransformer2DModel": TransformerInfo("sana"),
     "WanTransformer3DModel": TransformerInfo("wan"),
     "QwenImageTransformer2DModel": TransformerInfo(
-        "qwenimage", text_kwarg="encoder_hidden_states", text_mask_kwarg="encoder_hidden_states_mask"
+        "qwenimage",
+        text_kwarg="encoder_hidden_states",
+        text_mask_kwarg="encoder_hidden_states_mask",
+        # with a text mask it calls torch.as_tensor(<python int>, device=cuda): a host copy
+        eager_functions=("compute_text_seq_len_from_mask",),
     ),
     "HunyuanVideoTransformer3DModel": TransformerInfo("hunyuanvideo"),
     "LTXVideoTransformer3DModel": TransformerInfo("ltx"),

@@ -261,3 +261,21 @@ def test_bare_transformer_checks_weights_every_call(pretend_cuda):
         model.transformer_blocks[0].weight.add_(1)
     assert runner.fingerprint.current() != first
     bcg.remove_acceleration(model)
+
+
+def test_family_eager_functions_are_patched_and_restored(pretend_cuda):
+    import sys
+    import types
+
+    module = types.ModuleType("fake_qwen_module")
+    module.compute_text_seq_len_from_mask = lambda x: x
+    sys.modules["fake_qwen_module"] = module
+    try:
+        cls = type("QwenImageTransformer2DModel", (FluxTransformer2DModel,), {"__module__": "fake_qwen_module"})
+        model = bcg.accelerate_transformer(cls())
+        assert module.compute_text_seq_len_from_mask(3) == 3  # a plain call outside capture
+        assert hasattr(module.compute_text_seq_len_from_mask, "__bcg_original__")
+        bcg.remove_acceleration(model)
+        assert not hasattr(module.compute_text_seq_len_from_mask, "__bcg_original__")
+    finally:
+        del sys.modules["fake_qwen_module"]

@@ -101,7 +101,9 @@ def test_prompts_of_different_lengths_exact_and_bucketed():
     bcg.accelerate_pipeline(pipe, bcg.BCGConfig(text_buckets=(256,)))
     torch.testing.assert_close(_run(pipe, family, prompt=short), eager_short, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(_run(pipe, family, prompt=long), eager_long, rtol=1e-4, atol=1e-4)
-    assert bcg.get_stats(pipe).captures == 1  # one padded graph serves both prompts
+    stats = bcg.get_stats(pipe)
+    assert stats.captures == 1 and stats.entries[0].fallback is None, str(stats)  # one padded graph serves both
+    assert stats.hits >= 2 * 3 * 2 - 1 and stats.eager_calls == 0, str(stats)
     bcg.remove_acceleration(pipe)
 
 
