@@ -9,9 +9,9 @@ projections, norms, RoPE) stays in the segments; the user's attention backend ke
 the break, as it reads its choice at call time.
 
 At capture, the break does not run the real kernel on the placeholder data that capture feeds
-it (a varlen backend would read garbage lengths): it allocates the output with the exact shape
-and strides recorded for the same call during warm-up (so later segments see the same layout as
-eager and pick the same kernels).
+it (a varlen backend would read garbage lengths): it allocates the output, from the graph pool,
+with the exact shape and strides recorded for the same call during warm-up (so later segments see
+the same layout as eager and pick the same kernels, and the pool reuses the memory).
 """
 
 from __future__ import annotations
@@ -98,16 +98,16 @@ def _make_break(original: Callable) -> Callable:
             record.append(_Layout(tuple(query.shape) if isinstance(query, torch.Tensor) else (), _layout_of(out)))
         return out
 
-    def capture_stub(*args: Any, **kwargs: Any) -> Any:
+    def capture_allocator(*args: Any, **kwargs: Any) -> Any:
         plan = _PLAN.get()
         query = args[0] if args else kwargs.get("query")
         layout = plan.next_for(query) if plan is not None else None
         if layout is None or layout.out is None:
-            return run(*args, **kwargs)
+            return None  # no recorded layout: the kernel runs once at capture (normal break)
         return _allocate(layout.out)
 
     functools.update_wrapper(run, original)
-    wrapped = eager_on_graph(capture_stub=capture_stub)(run)
+    wrapped = eager_on_graph(capture_allocator=capture_allocator)(run)
     wrapped = torch._dynamo.disable(wrapped)  # compiled blocks graph-break here: attention stays eager
     wrapped.__bcg_original__ = original  # type: ignore[attr-defined]
     return wrapped

@@ -13,7 +13,7 @@ import torch
 from . import _cudart, side_streams
 from .boxing import box_tuple, unbox_tuple
 from .graph import BreakableCUDAGraph, GraphState, _EagerBreak
-from .nonowning import PoolMembership, detach_from_pool
+from .nonowning import PoolMembership, detach_from_pool, non_owning_view
 from .replay_token import no_replay_token
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,15 @@ class _CaptureState:
         segment.capture_end()
         self.graph._add_segment(segment)
 
-    def run_break(self, fn: Callable, capture_stub: Callable | None, name: str, args: tuple, kwargs: dict) -> Any:
+    def run_break(
+        self,
+        fn: Callable,
+        capture_stub: Callable | None,
+        name: str,
+        args: tuple,
+        kwargs: dict,
+        capture_allocator: Callable | None = None,
+    ) -> Any:
         if self.in_break:  # a break called from inside a break is a plain call
             return fn(*args, **kwargs)
         if self.debug:
@@ -79,13 +87,20 @@ class _CaptureState:
             finally:
                 self.in_break = False
             return unbox_tuple(self.graph._debug_bridge(name, result))
+        # An allocator runs while the segment still captures: its buffers come from the graph pool,
+        # so the pool can reuse them once the model drops them (the graphs keep the pool alive).
+        pooled = capture_allocator(*args, **kwargs) if capture_allocator is not None else None
         self.end_segment()
-        self.in_break = True
-        try:
-            result = (capture_stub or fn)(*args, **kwargs)
-        finally:
-            self.in_break = False
-        bridge = box_tuple(result)
+        if pooled is not None:
+            result = pooled
+            bridge = box_tuple(_non_owning(pooled))
+        else:
+            self.in_break = True
+            try:
+                result = (capture_stub or fn)(*args, **kwargs)
+            finally:
+                self.in_break = False
+            bridge = box_tuple(result)
         self.graph._add_break(
             _EagerBreak(
                 fn=fn,
@@ -258,7 +273,17 @@ class BreakableCUDAGraphCapture:
         return False
 
 
-def eager_on_graph(enable: Any = True, capture_stub: Callable | None = None) -> Callable:
+def _non_owning(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return non_owning_view(value)
+    if isinstance(value, tuple):
+        return type(value)(_non_owning(v) for v in value)
+    return value
+
+
+def eager_on_graph(
+    enable: Any = True, capture_stub: Callable | None = None, capture_allocator: Callable | None = None
+) -> Callable:
     """Decorator: the function runs eagerly between graph segments.
 
     Outside a capture the wrapped function is called directly. Inside one, the call ends the
@@ -266,7 +291,13 @@ def eager_on_graph(enable: Any = True, capture_stub: Callable | None = None) -> 
     the right structure, shapes, dtypes and devices), records a replay closure, and begins the
     next segment, which reads the returned objects (the bridge buffer). At replay the real
     function runs again on the same argument tensors and its result is copied in place into the
-    bridge buffer. ``enable=False`` leaves the function undecorated. Usable bare
+    bridge buffer. ``enable=False`` leaves the function undecorated.
+
+    ``capture_allocator`` (optional) is called *before* the segment ends, with the same arguments;
+    it must only allocate (no kernels, no host reads) and return the output structure (a tensor or a
+    tuple of tensors), or ``None`` to decline. Its buffers then live in the graph pool, held by
+    the replay closure as non-owning views, so a step with N breaks does not keep N bridge
+    buffers alive: later segments reuse the memory once the model drops the tensors. Usable bare
     (``@eager_on_graph``) or called (``@eager_on_graph()``).
 
     A break function must: return the same structure, shapes and dtypes on every call; not
@@ -286,7 +317,7 @@ def eager_on_graph(enable: Any = True, capture_stub: Callable | None = None) -> 
             state = _CAPTURE.get()
             if state is None:
                 return fn(*args, **kwargs)
-            return state.run_break(fn, capture_stub, name, args, kwargs)
+            return state.run_break(fn, capture_stub, name, args, kwargs, capture_allocator)
 
         wrapper.__bcg_eager_fn__ = fn  # type: ignore[attr-defined]
         return wrapper

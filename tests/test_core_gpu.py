@@ -311,3 +311,34 @@ def test_break_arguments_do_not_pin_pool_memory():
     expected = sum(reduce_break(x * (i + 1)) for i in range(n_breaks))
     assert torch.allclose(out, expected, rtol=1e-5, atol=1e-3)
     del graph, out
+
+
+def test_pool_allocated_bridges_do_not_accumulate():
+    n_breaks, numel = 8, 4 * 1024 * 1024
+    big_bytes = numel * 4
+
+    def alloc(h):
+        return torch.empty_like(h)  # allocation only: runs inside the capture, lands in the pool
+
+    @bcg.eager_on_graph(capture_allocator=alloc)
+    def same_size_break(h):
+        return torch.tanh(h)
+
+    def body(x):
+        h = x
+        for _ in range(n_breaks):
+            h = same_size_break(h * 0.5) + 1
+        return h
+
+    x = torch.randn(numel, device=DEV)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    graph, out = _capture(body, x)
+    held = torch.cuda.memory_allocated() - before
+    assert graph.num_breaks == n_breaks
+    assert held < 4 * big_bytes, f"capture holds {held / 2**20:.0f} MiB for {n_breaks} bridges"
+    for _ in range(2):
+        x.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, body(x))
