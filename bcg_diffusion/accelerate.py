@@ -48,6 +48,16 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def _checked_config(config: Any) -> BCGConfig:
+    if config is None:
+        config = BCGConfig()
+    if not isinstance(config, BCGConfig):
+        raise TypeError(
+            f"config must be a bcg_diffusion.BCGConfig, got {type(config).__name__}; e.g. BCGConfig(debug=True)"
+        )
+    return config.with_environment()
+
+
 def _disabled_reason() -> str | None:
     if not env_flag(ENV_ENABLE, default=True):
         return f"{ENV_ENABLE}=0 is set: acceleration is off and the model runs eagerly"
@@ -86,9 +96,7 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
     or with ``BCG_DIFFUSION=0``, it is a no-op with one warning. Raises
     :class:`AccelerationError` when ``module`` is already accelerated or cannot compose (offload).
     """
-    config = (config or BCGConfig()).with_environment()
-    if not isinstance(config, BCGConfig):
-        raise TypeError(f"config must be a BCGConfig, got {type(config).__name__}")
+    config = _checked_config(config)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"accelerate_transformer needs a torch.nn.Module, got {type(module).__name__}")
     reason = _disabled_reason()
@@ -156,7 +164,7 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
     undoes it. Offloaded pipelines raise with what to turn off. Without CUDA, or with
     ``BCG_DIFFUSION=0``, a no-op with one warning.
     """
-    config = (config or BCGConfig()).with_environment()
+    config = _checked_config(config)
     reason = _disabled_reason()
     if reason is not None:
         _warn_once(reason)

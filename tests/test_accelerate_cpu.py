@@ -279,3 +279,10 @@ def test_family_eager_functions_are_patched_and_restored(pretend_cuda):
         assert not hasattr(module.compute_text_seq_len_from_mask, "__bcg_original__")
     finally:
         del sys.modules["fake_qwen_module"]
+
+
+def test_config_must_be_a_bcgconfig():
+    with pytest.raises(TypeError, match="must be a bcg_diffusion.BCGConfig, got dict"):
+        bcg.accelerate_pipeline(FakePipe(), {"debug": True})
+    with pytest.raises(TypeError, match="must be a bcg_diffusion.BCGConfig, got dict"):
+        bcg.accelerate_transformer(FluxTransformer2DModel(), {"debug": True})
