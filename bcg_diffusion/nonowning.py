@@ -19,6 +19,21 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+def pool_segments(pool: Any, device: torch.device) -> list[dict]:
+    """The allocator segments (``torch.cuda.memory_snapshot`` entries) of memory pool ``pool`` on
+    ``device``. Raises whatever the snapshot raises where the allocator cannot be queried."""
+    pool = tuple(pool)
+    try:
+        segments = torch.cuda.memory_snapshot(mempool_id=pool)
+    except TypeError:  # older torch: no mempool_id argument
+        segments = torch.cuda.memory_snapshot()
+    return [
+        s
+        for s in segments
+        if tuple(s.get("segment_pool_id", ())) == pool and s.get("device", device.index) == device.index
+    ]
+
+
 def non_owning_view(t: torch.Tensor) -> torch.Tensor:
     """A tensor aliasing ``t``'s memory (same shape, strides, offset) that does not keep it alive."""
     storage = t.untyped_storage()
@@ -61,7 +76,7 @@ class PoolMembership:
 
     def _refresh(self) -> None:
         try:
-            segments = self._pool_segments()
+            segments = pool_segments(self._pool, self._device)
         except Exception as exc:  # pragma: no cover - depends on the torch build
             logger.debug("allocator snapshot unavailable (%s); break arguments held strongly", exc)
             self._broken = True
@@ -69,19 +84,6 @@ class PoolMembership:
         ranges = sorted((s["address"], s["address"] + s["total_size"]) for s in segments)
         self._starts = [a for a, _ in ranges]
         self._ends = [b for _, b in ranges]
-
-    def _pool_segments(self) -> list[dict]:
-        try:
-            segments = torch.cuda.memory_snapshot(mempool_id=self._pool)
-        except TypeError:
-            segments = torch.cuda.memory_snapshot()
-        return [
-            s
-            for s in segments
-            if tuple(s.get("segment_pool_id", ())) == self._pool
-            and s.get("device", self._device.index) == self._device.index
-        ]
-
 
 def detach_from_pool(value: Any, membership: PoolMembership) -> Any:
     """Copy the containers of ``value`` (tuples, lists, dicts), replacing CUDA tensors that live in

@@ -22,6 +22,7 @@ from .eager_modules import EagerModules
 from .families import TransformerInfo
 from .fingerprint import WeightsFingerprint
 from .graph import BreakableCUDAGraph
+from .nonowning import pool_segments
 from .text_buckets import pad_text_to_bucket
 
 logger = logging.getLogger("bcg_diffusion")
@@ -259,7 +260,7 @@ class GraphRunner:
             break
         graph.replay()  # the call's result comes from the graph, like every later call
         self.captures += 1
-        memory = _pool_bytes(graph) + sum(t.untyped_storage().nbytes() for t in static)
+        memory = _pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
         elapsed = time.perf_counter() - start
         logger.debug("bcg: captured %s: %r in %.3f s", key.summary(), graph, elapsed)
         return GraphEntry(key, graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed)
@@ -271,9 +272,15 @@ class GraphRunner:
         warnings.warn(message, BCGCaptureWarning, stacklevel=4)
 
     # -- memory ---------------------------------------------------------------------------
-    def _evict(self, keep: int) -> None:
+    def _evict(self, keep: int, over_budget: int | None = None) -> None:
+        """Release least recently used entries while more than ``keep`` are kept, and, with a
+        budget, while the kept ones hold more than ``over_budget`` bytes (the newest always stays)."""
         evicted = False
-        while len(self.entries) > keep:
+        while len(self.entries) > keep or (
+            over_budget is not None
+            and len(self.entries) > 1
+            and sum(e.memory_bytes for e in self.entries.values()) > over_budget
+        ):
             _, entry = self.entries.popitem(last=False)
             entry.release()
             evicted = True
@@ -281,13 +288,8 @@ class GraphRunner:
             torch.cuda.empty_cache()
 
     def _enforce_budget(self) -> None:
-        budget = self.config.memory_budget_bytes
-        if budget is None:
-            return
-        while len(self.entries) > 1 and sum(e.memory_bytes for e in self.entries.values()) > budget:
-            _, entry = self.entries.popitem(last=False)
-            entry.release()
-        torch.cuda.empty_cache()
+        if self.config.memory_budget_bytes is not None:
+            self._evict(keep=len(self.entries), over_budget=self.config.memory_budget_bytes)
 
     def clear(self) -> None:
         """Drop every captured graph (they are recaptured on the next calls)."""
@@ -313,15 +315,13 @@ def _describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-def _pool_bytes(graph: BreakableCUDAGraph) -> int:
+def _pool_bytes(graph: BreakableCUDAGraph, device: torch.device) -> int:
     if graph.pool is None:
         return 0
     try:
-        segments = torch.cuda.memory_snapshot(mempool_id=graph.pool)
-    except Exception:
+        return sum(s["total_size"] for s in pool_segments(graph.pool, device))
+    except Exception:  # noqa: BLE001 - memory accounting is best effort
         return 0
-    pool = tuple(graph.pool)
-    return sum(s["total_size"] for s in segments if tuple(s.get("segment_pool_id", ())) == pool)
 
 
 def _fresh_copy(value: Any) -> Any:

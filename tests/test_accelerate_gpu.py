@@ -87,6 +87,29 @@ def test_resolutions_a_b_a_capture_twice():
     bcg.remove_acceleration(pipe)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [bcg.BCGConfig(max_graphs=1), bcg.BCGConfig(memory_budget_bytes=1)],
+    ids=["max_graphs=1", "memory_budget=1B"],
+)
+def test_lru_eviction_keeps_one_graph_and_recaptures(config):
+    """Either limit keeps only the newest key; an evicted key is recaptured and still equal to eager."""
+    family = "pixart"
+    spec = pipelines.get_family(family)
+    h, w = spec.tiny.height, spec.tiny.width
+    pipe = _build(family)
+    eager_a = _run(pipe, family, height=h, width=w)
+    eager_b = _run(pipe, family, height=h * 2, width=w)
+    bcg.accelerate_pipeline(pipe, config)
+    assert torch.equal(_run(pipe, family, height=h, width=w), eager_a)
+    assert torch.equal(_run(pipe, family, height=h * 2, width=w), eager_b)
+    assert torch.equal(_run(pipe, family, height=h, width=w), eager_a)
+    stats = bcg.get_stats(pipe)
+    assert stats.captures == 3 and len(stats.entries) == 1, str(stats)  # A, B (evicts A), A again (evicts B)
+    assert stats.entries[0].memory_bytes > 0 and stats.eager_calls == 0, str(stats)
+    bcg.remove_acceleration(pipe)
+
+
 def test_prompts_of_different_lengths_exact_and_bucketed():
     family = "qwenimage"
     pipe = _build(family)
