@@ -31,6 +31,7 @@ import gc
 import importlib.util
 import inspect
 import json
+import math
 import os
 import platform
 import re
@@ -60,28 +61,38 @@ MODE_HELP = {
     "reduce_overhead": "torch.compile(transformer, mode='reduce-overhead') of the whole module",
 }
 
-# The default matrix: a launch-bound (small) and a compute-bound (large) shape per family.
-DEFAULT_CASES = (
-    "pixart:full:512x512:b1",
-    "pixart:full:1024x1024:b1",
-    "sd3:full:512x512:b1",
-    "sd3:full:1024x1024:b1",
-    "sana:full:512x512:b1",
-    "sana:full:1024x1024:b4",
-    "wan:full:240x416:f5:b1",
-    "wan:full:480x832:f81:b1",
-    "flux:full:512x512:b1",
-    "flux:full:1024x1024:b1",
-    "qwenimage:full:512x512:b1",
-    "qwenimage:full:1024x1024:b1",
+# The default matrix: a launch-bound (small) and a compute-bound (large) shape per family, in the order
+# that --shard deals out by family (K/3: pixart+qwenimage, sd3+flux, sana+wan take similar time).
+# Launch-bound shapes run every mode and the end-to-end row. Compute-bound shapes skip reduce_overhead,
+# the costliest set-up of the matrix (a whole-module compile per shape, 0.5-2 min): its CUDA graphs remove
+# launch gaps that a compute-bound step does not have, and `compile` already measures fusion there.
+# Their end-to-end row is skipped too (it would repeat the per-step ratio over 20-50 long steps).
+COMPUTE_BOUND_MODES = ("eager", "bcg", "whole_graph", "compile", "compile_bcg")
+DEFAULT_MATRIX = (
+    ("pixart:full:512x512:b1", MODES, True),
+    ("pixart:full:1024x1024:b1", COMPUTE_BOUND_MODES, False),
+    ("sd3:full:512x512:b1", MODES, True),
+    ("sd3:full:1024x1024:b1", COMPUTE_BOUND_MODES, False),
+    ("sana:full:512x512:b1", MODES, True),
+    ("sana:full:1024x1024:b4", COMPUTE_BOUND_MODES, False),
+    ("qwenimage:full:512x512:b1", MODES, True),
+    ("qwenimage:full:1024x1024:b1", COMPUTE_BOUND_MODES, False),
+    ("flux:full:512x512:b1", MODES, True),
+    ("flux:full:1024x1024:b1", COMPUTE_BOUND_MODES, False),
+    ("wan:full:240x416:f5:b1", MODES, True),
+    ("wan:full:480x832:f81:b1", COMPUTE_BOUND_MODES, False),
 )
+DEFAULT_CASES = tuple(text for text, _, _ in DEFAULT_MATRIX)
 # --quick: under 5 minutes on one H200. Launch-bound shapes only; compile for one case.
-QUICK_CASES = (
-    ("pixart:full:512x512:b1", ("eager", "bcg", "whole_graph", "compile")),
-    ("sd3:full:512x512:b1", ("eager", "bcg", "whole_graph")),
+QUICK_MATRIX = (
+    ("pixart:full:512x512:b1", ("eager", "bcg", "whole_graph", "compile"), True),
+    ("sd3:full:512x512:b1", ("eager", "bcg", "whole_graph"), True),
 )
 QUICK_ITERS, QUICK_ROUNDS = 10, 3
-DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP = 20, 5, 3
+DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP = 20, 3, 3
+# Without --iters, each mode makes enough calls per round to take about this long (at least MIN_AUTO_ITERS
+# and at most DEFAULT_ITERS calls), so slow compute-bound steps do not dominate the run time.
+AUTO_ROUND_S, MIN_AUTO_ITERS = 0.4, 3
 PROMPT = "a lighthouse on a rocky coast at dusk, waves crashing, dramatic sky"
 
 
@@ -96,8 +107,9 @@ class Case:
     width: int | None = None
     frames: int | None = None
     batch: int = 1
-    modes: tuple[str, ...] | None = None  # per-case override (the quick preset)
+    modes: tuple[str, ...] | None = None  # per-case modes (the default matrix and the quick preset)
     note: str = ""
+    e2e: bool | None = None  # per-case end-to-end row (the default matrix); None: the --e2e setting
 
     @property
     def label(self) -> str:
@@ -142,12 +154,32 @@ def resolve_case(case: Case, api, cuda: bool) -> Case:
     spec = api.get_family(case.family)
     api.check_call(spec, case.height, case.width, case.frames, size=case.size)  # the case as asked is valid
     if not cuda and (case.size != "tiny" or case.height is not None or case.frames is not None):
-        case = Case(case.family, "tiny", None, None, None, case.batch, case.modes,
+        case = Case(case.family, "tiny", None, None, None, case.batch, case.modes, e2e=case.e2e,
                     note=f"no CUDA: ran {case.label} as the tiny model at its default shape")
     shape = api.check_call(spec, case.height, case.width, case.frames, size=case.size)
     case.height, case.width = shape["height"], shape["width"]
     case.frames = shape.get("num_frames")
     return case
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``K/N`` (1 <= K <= N) -> ``(K, N)``; ``ValueError`` otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"--shard wants K/N with 1 <= K <= N, e.g. 1/3 (got {text!r})")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard_cases(texts: list[str], k: int, n: int) -> list[int]:
+    """Indices of the cases of shard ``k`` of ``n``: families are dealt out round-robin in order of first
+    appearance, so all shapes of a family run in one shard (one process) and every case in exactly one."""
+    families: list[str] = []
+    for text in texts:
+        family = text.split(":", 1)[0].strip()
+        if family not in families:
+            families.append(family)
+    mine = set(families[k - 1::n])
+    return [i for i, text in enumerate(texts) if text.split(":", 1)[0].strip() in mine]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -262,6 +294,13 @@ class Clock:
         return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
 
 
+def auto_iters(call_s: float) -> int:
+    """Calls per round for a mode whose steady call takes ``call_s`` seconds (``--iters`` not given)."""
+    if call_s <= 0:
+        return DEFAULT_ITERS
+    return max(MIN_AUTO_ITERS, min(DEFAULT_ITERS, math.ceil(AUTO_ROUND_S / call_s)))
+
+
 def summarize(times: list[float]) -> dict[str, float]:
     s = sorted(times)
 
@@ -320,6 +359,7 @@ class Runner:
     accelerated: bool = False  # BCG modes: whether the copy is accelerated right now
     activations: int = 0
     bcg_options: dict[str, Any] = field(default_factory=dict)
+    iters: int = DEFAULT_ITERS  # timed calls per round
 
     @property
     def is_bcg(self) -> bool:
@@ -585,8 +625,14 @@ def run_modes(ctx: StepContext, modes: list[str], opts, clock: Clock, log) -> di
                 runner = SETUPS[mode](ctx)
                 construct_s = time.perf_counter() - t0
                 first_s, out = clock.wall(runner.fn)
-                warm = [clock.wall(runner.fn)[0] for _ in range(max(0, opts.warmup - 1))]
                 out = out.detach().clone()
+                warm = [clock.wall(runner.fn)[0] for _ in range(max(0, opts.warmup - 1))]
+                if mode == "eager":  # is eager itself bitwise repeatable? (else "= eager" cannot hold)
+                    again = runner.fn()
+                    res["repeatable"] = bool(torch.equal(again, out))
+                    del again
+            runner.iters = opts.iters or auto_iters(min(warm) if warm else first_s)
+            res["iters_per_round"] = runner.iters
             runner.first_call_s = first_s
             res["construct_s"] = construct_s
             res["first_call_s"] = first_s
@@ -632,7 +678,7 @@ def run_modes(ctx: StepContext, modes: list[str], opts, clock: Clock, log) -> di
                     else:
                         for other in runners.values():
                             _safe_deactivate(other)
-                    chunk = clock.calls(runner.fn, opts.iters)
+                    chunk = clock.calls(runner.fn, runner.iters)
                 times[mode] += chunk
                 parts.append(f"{mode} {1e3 * statistics.median(chunk):.2f}")
             except Exception as exc:  # noqa: BLE001
@@ -774,7 +820,7 @@ def run_case(case: Case, modes: list[str], opts, api, device, dtype, clock: Cloc
         result["modes"] = run_modes(ctx, modes, opts, clock, log)
         ctx = None
         free_memory(clock.cuda, dynamo=used_compile)
-        if opts.e2e:
+        if case.e2e if opts.e2e is None else opts.e2e:
             steps = opts.e2e_steps or spec.default_steps
             try:
                 result["e2e"] = run_e2e(pipe, pipe_call_kwargs(pipe, spec, case, steps), opts.seed, device,
@@ -827,11 +873,23 @@ def environment(device, dtype, cuda: bool) -> dict[str, Any]:
                                            cwd=gen.REPO_ROOT, timeout=10).stdout.strip() or None
     except Exception:  # noqa: BLE001
         env["git_commit"] = None
+    # a copy of the tree without .git (a remote GPU machine) can be told its commit
+    env["git_commit"] = env["git_commit"] or os.environ.get("BENCH_GIT_COMMIT") or None
     return env
 
 
 def _f(x, fmt="{:.2f}", none="n/a"):
     return none if x is None else fmt.format(x)
+
+
+def _yes_no(value) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def _iters_text(iters) -> str:
+    if iters:
+        return f"{iters} calls"
+    return f"calls for about {AUTO_ROUND_S} s ({MIN_AUTO_ITERS}-{DEFAULT_ITERS})"
 
 
 def _short_note(note: str) -> str:
@@ -854,7 +912,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"GPU: {env['gpu'] or 'none (CPU run: code-path check only, timings mean nothing for BCG)'}; "
         f"torch {env['torch']}, CUDA {env['cuda']}, diffusers {env['diffusers']}, dtype {env['dtype']}, "
         f"commit {env.get('git_commit')}.",
-        f"{report['settings']['iters']} calls x {report['settings']['rounds']} interleaved rounds per mode after "
+        f"{_iters_text(report['settings'].get('iters'))} x {report['settings']['rounds']} interleaved rounds per mode after "
         f"{report['settings']['warmup']} warm-up calls; latency is the median of one transformer call (the step's "
         "first call; `calls/step` says how many a step makes). BCG modes: "
         + ", ".join(f"{k}={v!r}" for k, v in report["settings"].get("bcg_config_of_step_modes", {}).items()) + ".",
@@ -863,6 +921,14 @@ def markdown_report(report: dict[str, Any]) -> str:
         "`x eager`: eager time divided by mode time (speedup). `compile`: whether torch.compile was on. "
         "`setup s`: first-call time minus a steady call (capture and/or compilation). `extra peak`: peak GPU memory "
         "of the mode minus that of eager. `= eager`: output bitwise equal to eager's.",
+    ]
+    if report.get("merged_from"):
+        lines += ["", "Merged from " + "; ".join(
+            f"`{m['file']}` ({'shard ' + m['shard'] + ': ' if m.get('shard') else ''}{', '.join(m['cases'])}, "
+            f"{_f(m.get('total_s'), '{:.0f}')} s)" for m in report["merged_from"]) + "."]
+    if report.get("not_run"):
+        lines += ["", "Not run (time budget spent): " + ", ".join(report["not_run"]) + "."]
+    lines += [
         "",
         "## Per-step latency",
         "",
@@ -889,14 +955,15 @@ def markdown_report(report: dict[str, Any]) -> str:
                 f"{notes} |"
             )
     lines += ["", "## Cases", "", "| case | transformer batch | calls/step | eager kernels/step | eager GPU busy ms | "
-              "eager ms / GPU busy | hidden_states | note |", "|---|---|---|---|---|---|---|---|"]
+              "eager ms / GPU busy | eager repeatable | hidden_states | note |", "|---|---|---|---|---|---|---|---|---|"]
     for case in report["cases"]:
         eager = case["modes"].get("eager", {})
         prof = eager.get("profile") or {}
         hs = (case.get("step_inputs") or {}).get("hidden_states", (case.get("step_inputs") or {}).get("arg0"))
         bound = (eager["median_ms"] / prof["gpu_busy_ms"]) if prof.get("gpu_busy_ms") and eager.get("median_ms") else None
         lines.append(f"| {case['case']} | {case.get('transformer_batch', '-')} | {case.get('calls_per_step', '-')} | "
-                     f"{prof.get('kernels', 'n/a')} | {_f(prof.get('gpu_busy_ms'))} | {_f(bound)} | {hs} | "
+                     f"{prof.get('kernels', 'n/a')} | {_f(prof.get('gpu_busy_ms'))} | {_f(bound)} | "
+                     f"{_yes_no(eager.get('repeatable'))} | {hs} | "
                      f"{case.get('note', '') or (case.get('error') or '')} |")
     e2e_rows = [c for c in report["cases"] if c.get("e2e")]
     if e2e_rows:
@@ -961,15 +1028,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated cases family[:size][:HxW][:fFRAMES][:bBATCH], e.g. "
                    "'pixart:full:512x512:b1,flux:full:1024x1024:b1' (default: the full matrix; --quick: a small one)")
     p.add_argument("--modes", default=None, help=f"comma-separated modes out of {','.join(MODES)} (default: all)")
-    p.add_argument("--iters", type=int, default=None, help=f"timed calls per mode per round (default {DEFAULT_ITERS})")
+    p.add_argument("--iters", type=int, default=None,
+                   help=f"timed calls per mode per round (default: enough for about {AUTO_ROUND_S} s, "
+                   f"{MIN_AUTO_ITERS} to {DEFAULT_ITERS} calls; --quick: {QUICK_ITERS})")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {DEFAULT_ROUNDS})")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls per mode after set-up (default 3)")
     p.add_argument("--quick", action="store_true",
                    help="a preset that finishes in under 5 minutes on one H200: PixArt and SD3.5 at 512 px, "
                    f"modes eager/bcg/whole_graph (+ compile on PixArt), {QUICK_ITERS} x {QUICK_ROUNDS} calls")
-    p.add_argument("--e2e", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time a full pipe(...) call eager vs BCG (first call with capture, then a second) "
-                   "(default: on)")
+    p.add_argument("--e2e", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time a full pipe(...) call eager vs BCG (first call with capture, then a second). "
+                   "Default: on for --cases and --quick, and for the launch-bound cases of the default matrix")
     p.add_argument("--e2e-steps", type=int, default=None, help="steps of the end-to-end call (default: the family's)")
     p.add_argument("--check-weights", choices=("per_pipeline_call", "every_call", "auto"), default="per_pipeline_call",
                    help="BCGConfig.check_weights of the bcg modes. The benchmark calls a bare transformer, for which "
@@ -978,6 +1047,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=gen.DTYPE_CHOICES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="default: bench_results/")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run only shard K of N of the chosen cases (families dealt out round-robin, so each family "
+                   "runs whole in one shard); combine the shards' JSON files afterwards with --merge")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="start no new case after this many seconds (the first always runs; the rest are reported "
+                   "as not run); results "
+                   "are written after every case, so a run stopped from outside keeps the finished cases")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                   help="measure nothing: combine result files (e.g. the shards of one matrix, same GPU, versions and "
+                   "commit) into one JSON, Markdown table and chart")
     return p
 
 
@@ -985,6 +1064,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         opts = parser.parse_args(argv)
+        if opts.merge:
+            return main_merge(opts.merge, opts.out_dir)
         for name in ("iters", "rounds", "e2e_steps"):
             v = getattr(opts, name)
             if v is not None and v < 1:
@@ -1006,19 +1087,30 @@ def main(argv: list[str] | None = None) -> int:
 
         cuda = torch.cuda.is_available()
         if opts.cases:
-            raw = [(c, None) for c in opts.cases.split(",") if c.strip()]
+            raw = [(c, None, True) for c in opts.cases.split(",") if c.strip()]
         elif opts.quick:
-            raw = list(QUICK_CASES)
+            raw = list(QUICK_MATRIX)
         else:
-            raw = [(c, None) for c in DEFAULT_CASES]
+            raw = list(DEFAULT_MATRIX)
+        shard = None
+        if opts.shard:
+            try:
+                shard = parse_shard(opts.shard)
+            except ValueError as exc:
+                parser.error(str(exc))
+            raw = [raw[i] for i in shard_cases([r[0] for r in raw], *shard)]
+            if not raw:
+                parser.error(f"--shard {opts.shard}: no cases in this shard (fewer families than shards)")
+        if opts.time_budget is not None and opts.time_budget <= 0:
+            parser.error(f"--time-budget must be > 0 seconds (got {opts.time_budget})")
         cases, skipped = [], []
         known = api.list_families()
-        for text, case_modes in raw:
+        for text, case_modes, case_e2e in raw:
             try:
                 case = parse_case(text)
                 if case.family not in known:
                     raise ValueError(f"unknown family {case.family!r}; known families: {', '.join(known)}")
-                case.modes = case_modes
+                case.modes, case.e2e = case_modes, case_e2e
                 cases.append(resolve_case(case, api, cuda))
             except ValueError as exc:
                 if opts.cases:
@@ -1026,7 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append({"case": text, "error": str(exc)})
     except SystemExit as exc:
         return int(exc.code or 0)
-    opts.iters = opts.iters or (QUICK_ITERS if opts.quick else DEFAULT_ITERS)
+    opts.iters = opts.iters or (QUICK_ITERS if opts.quick else None)  # None: auto_iters per mode
     opts.rounds = opts.rounds or (QUICK_ROUNDS if opts.quick else DEFAULT_ROUNDS)
 
     if not cuda:  # one tiny case per family is enough to test the code path
@@ -1061,6 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": env,
         "settings": {"iters": opts.iters, "rounds": opts.rounds, "warmup": opts.warmup, "e2e": opts.e2e,
                      "e2e_steps": opts.e2e_steps, "seed": opts.seed, "quick": opts.quick,
+                     "shard": opts.shard, "time_budget_s": opts.time_budget,
                      "bcg_config_of_step_modes": bcg_options(opts),
                      "argv": sys.argv[1:] if argv is None else list(argv),
                      "timing": "CUDA events per call" if cuda else "perf_counter per call (no CUDA)"},
@@ -1070,29 +1163,117 @@ def main(argv: list[str] | None = None) -> int:
     }
     for s in skipped:
         log(f"skipping {s['case']}: {s['error']}")
-    log(f"bench_step: {len(cases)} case(s) on {env['gpu'] or 'CPU'}, torch {env['torch']}, diffusers {env['diffusers']}")
+    log(f"bench_step: {len(cases)} case(s) on {env['gpu'] or 'CPU'}, torch {env['torch']}, diffusers {env['diffusers']}"
+        + (f", shard {opts.shard}" if opts.shard else ""))
+    base = output_base(opts.out_dir)
     t_start = time.perf_counter()
     for i, case in enumerate(cases, 1):
+        elapsed = time.perf_counter() - t_start
+        if opts.time_budget is not None and i > 1 and elapsed > opts.time_budget:
+            report["not_run"] = [c.label for c in cases[i - 1:]]
+            log(f"time budget of {opts.time_budget:.0f} s spent after {elapsed:.0f} s: not running "
+                + ", ".join(report["not_run"]))
+            break
         modes = modes_override or list(case.modes or MODES)
         log(f"[{i}/{len(cases)}] {case.label}: modes {', '.join(modes)}" + (f" ({case.note})" if case.note else ""))
         report["cases"].append(run_case(case, modes, opts, api, device, dtype, clock, log))
+        report["total_s"] = time.perf_counter() - t_start
+        write_report(report, base, chart=False)  # a run stopped from outside keeps the finished cases
     report["total_s"] = time.perf_counter() - t_start
+    log(f"done in {report['total_s']:.0f} s")
+    for path in write_report(report, base, chart=True, log=log):
+        log(f"wrote {path}")
+    return 0
 
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    base = opts.out_dir / f"bench_step_{stamp}"
+
+def output_base(out_dir: Path) -> Path:
+    """A fresh ``out_dir/bench_step_<date>_<time>[_N]`` (no file of that name exists yet)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_step_{_dt.datetime.now().strftime('%Y-%m-%d_%H%M%S')}"
+    base, n = out_dir / stem, 1
+    while any(base.with_suffix(s).exists() for s in (".json", ".md", ".png")):
+        n += 1
+        base = out_dir / f"{stem}_{n}"
+    return base
+
+
+def write_report(report: dict[str, Any], base: Path, chart: bool, log=None) -> list[Path]:
+    """Write ``base``.json and .md (and, with ``chart``, .png); return the paths written."""
     json_path, md_path, png_path = (base.with_suffix(s) for s in (".json", ".md", ".png"))
     json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     md_path.write_text(markdown_report(report))
+    written = [json_path, md_path]
+    if chart:
+        try:
+            plot_report(report, png_path)
+            written.append(png_path)
+        except Exception as exc:  # noqa: BLE001 - the numbers matter more than the chart
+            if log:
+                log(f"could not draw the chart: {_err(exc)}")
+    return written
+
+
+MERGE_MUST_AGREE = ("gpu", "torch", "cuda", "diffusers", "dtype", "git_commit")
+
+
+def merge_reports(paths: list[Path]) -> dict[str, Any]:
+    """One report from several result files of the same set-up (``ValueError`` saying what differs).
+
+    Cases keep the order of the default matrix where they belong to it, else the order of the files; a
+    case may appear in only one file.
+    """
+    reports = []
+    for path in paths:
+        try:
+            reports.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read {path}: {exc}") from exc
+        if not isinstance(reports[-1], dict) or "environment" not in reports[-1] or "cases" not in reports[-1]:
+            raise ValueError(f"{path} is not a bench_step result file (no 'environment' and 'cases')")
+    first, first_settings = reports[0]["environment"], reports[0]["settings"]
+    for path, rep in zip(paths[1:], reports[1:]):
+        for key in MERGE_MUST_AGREE:
+            if rep["environment"].get(key) != first.get(key):
+                raise ValueError(f"{path}: {key} is {rep['environment'].get(key)!r} but {paths[0]} has "
+                                 f"{first.get(key)!r}; merge only results of one set-up")
+        for key in ("iters", "rounds", "warmup", "check_weights"):
+            if rep["settings"].get(key) != first_settings.get(key):
+                raise ValueError(f"{path}: setting {key} is {rep['settings'].get(key)!r} but {paths[0]} has "
+                                 f"{first_settings.get(key)!r}; merge only results measured alike")
+    cases, seen = [], {}
+    for path, rep in zip(paths, reports):
+        for case in rep["cases"]:
+            if case["case"] in seen:
+                raise ValueError(f"case {case['case']} is in both {seen[case['case']]} and {path}")
+            seen[case["case"]] = path
+            cases.append(case)
+    order = {text: i for i, text in enumerate(DEFAULT_CASES)}
+    cases.sort(key=lambda c: order.get(c["case"], len(order)))  # stable: others keep file order
+    settings = dict(first_settings, shard=None, argv=None)
+    return {
+        "environment": dict(first),
+        "settings": settings,
+        "modes": reports[0].get("modes", {}),
+        "cases": cases,
+        "skipped_cases": [s for rep in reports for s in rep.get("skipped_cases", [])],
+        "not_run": [c for rep in reports for c in rep.get("not_run", [])],
+        "total_s": sum(rep.get("total_s") or 0.0 for rep in reports),
+        "merged_from": [
+            {"file": Path(p).name, "date": rep["environment"].get("date"), "shard": rep["settings"].get("shard"),
+             "argv": rep["settings"].get("argv"), "total_s": rep.get("total_s"), "cases": [c["case"] for c in rep["cases"]]}
+            for p, rep in zip(paths, reports)
+        ],
+    }
+
+
+def main_merge(paths: list[Path], out_dir: Path) -> int:
     try:
-        plot_report(report, png_path)
-    except Exception as exc:  # noqa: BLE001 - the numbers matter more than the chart
-        log(f"could not draw the chart: {_err(exc)}")
-        png_path = None
-    log(f"done in {report['total_s']:.0f} s")
-    for p in (json_path, md_path, png_path):
-        if p is not None:
-            log(f"wrote {p}")
+        report = merge_reports(paths)
+    except ValueError as exc:
+        print(f"error: --merge: {exc}", file=sys.stderr)
+        return 2
+    for path in write_report(report, output_base(out_dir), chart=True, log=print):
+        print(f"wrote {path}")
     return 0
 
 

@@ -172,6 +172,42 @@ def test_bench_default_matrix_covers_the_families(bench):
     assert {"pixart", "sd3", "sana", "wan", "flux", "qwenimage"} <= families
     for text in bench.DEFAULT_CASES:
         assert bench.parse_case(text).size == "full"
+    # per family: one launch-bound shape with every mode and the end-to-end row, one compute-bound shape
+    for family in families:
+        entries = [e for e in bench.DEFAULT_MATRIX if bench.parse_case(e[0]).family == family]
+        assert len(entries) == 2, entries
+        assert sorted(e[1] == bench.MODES for e in entries) == [False, True], entries
+        assert all(e[2] == (e[1] == bench.MODES) for e in entries), entries
+        assert all({"eager", "bcg", "whole_graph", "compile", "compile_bcg"} <= set(e[1]) for e in entries)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
+def test_bench_shards_split_the_matrix_by_family(bench, n):
+    texts = list(bench.DEFAULT_CASES)
+    shards = [bench.shard_cases(texts, k, n) for k in range(1, n + 1)]
+    assert sorted(i for shard in shards for i in shard) == list(range(len(texts)))  # each case exactly once
+    for shard in shards:
+        for i in shard:  # a family's shapes stay together
+            family = texts[i].split(":")[0]
+            assert all(j in shard for j, t in enumerate(texts) if t.split(":")[0] == family)
+    if n == 3:  # the split docs/benchmarks.md describes
+        assert [{texts[i].split(":")[0] for i in shard} for shard in shards] == [
+            {"pixart", "qwenimage"}, {"sd3", "flux"}, {"sana", "wan"}]
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "1", "a/b", "1/0"])
+def test_bench_bad_shard(bench, text, capsys):
+    with pytest.raises(ValueError, match="K/N"):
+        bench.parse_shard(text)
+    assert bench.main(["--shard", text]) == 2
+    assert "--shard" in capsys.readouterr().err
+
+
+def test_bench_auto_iters(bench):
+    assert bench.auto_iters(0.001) == bench.DEFAULT_ITERS  # fast steps: the cap
+    assert bench.auto_iters(10.0) == bench.MIN_AUTO_ITERS  # slow steps: the floor
+    mid = bench.AUTO_ROUND_S / 7
+    assert bench.auto_iters(mid) == 7
 
 
 @pytest.mark.parametrize(
@@ -227,3 +263,43 @@ def test_bench_cpu_bcg_mode_runs_as_noop(bench, tmp_path):
     assert bcg["status"] == "ok" and bcg["n"] == 4, bcg
     assert bcg["bitwise_equal_to_eager"] is True
     assert case["e2e"]["bitwise_equal_to_eager"] is True and case["e2e"]["bcg_second_s"] > 0
+
+
+@CPU_ONLY
+def test_bench_shards_merge_into_one_report(bench, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    common = ["--iters", "2", "--rounds", "1", "--warmup", "1", "--e2e-steps", "1", "--modes", "eager,bcg",
+              "--out-dir", str(runs)]
+    assert bench.main(["--cases", "pixart:tiny,sd3:tiny", "--shard", "2/2", *common]) == 0
+    assert bench.main(["--cases", "pixart:tiny,sd3:tiny", "--shard", "1/2", *common]) == 0
+    files = sorted(runs.glob("bench_step_*.json"))
+    assert len(files) == 2
+    assert [c["case"] for c in json.loads(files[0].read_text())["cases"]] == ["sd3:tiny:64x64:b1"]
+    merged_dir = tmp_path / "merged"
+    assert bench.main(["--merge", *map(str, files), "--out-dir", str(merged_dir)]) == 0
+    report = json.loads(next(merged_dir.glob("*.json")).read_text())
+    assert sorted(c["case"] for c in report["cases"]) == ["pixart:tiny:256x256:b1", "sd3:tiny:64x64:b1"]
+    assert [m["shard"] for m in report["merged_from"]] == ["2/2", "1/2"]
+    md = next(merged_dir.glob("*.md")).read_text()
+    assert "Merged from" in md and "| sd3:tiny:64x64:b1 | bcg |" in md and "| pixart:tiny:256x256:b1 | eager |" in md
+    assert next(merged_dir.glob("*.png")).stat().st_size > 0
+    # a case in two files, and files from different code, are refused
+    capsys.readouterr()
+    assert bench.main(["--merge", str(files[0]), str(files[0]), "--out-dir", str(merged_dir)]) == 2
+    assert "is in both" in capsys.readouterr().err
+    other = json.loads(files[1].read_text())
+    other["environment"]["git_commit"] = "0000000"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert bench.main(["--merge", str(files[0]), str(tmp_path / "other.json"), "--out-dir", str(merged_dir)]) == 2
+    assert "git_commit" in capsys.readouterr().err
+    assert bench.main(["--merge", str(tmp_path / "missing.json")]) == 2
+
+
+@CPU_ONLY
+def test_bench_time_budget_reports_cases_not_run(bench, tmp_path):
+    assert bench.main(["--cases", "pixart:tiny,sd3:tiny,flux:tiny", "--modes", "eager", "--iters", "1", "--rounds", "1",
+                       "--warmup", "1", "--no-e2e", "--time-budget", "1e-9", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [c["case"] for c in report["cases"]] == ["pixart:tiny:256x256:b1"]  # the first case always runs
+    assert report["not_run"] == ["sd3:tiny:64x64:b1", "flux:tiny:64x64:b1"]
+    assert "Not run (time budget spent): sd3:tiny:64x64:b1, flux:tiny:64x64:b1" in next(tmp_path.glob("*.md")).read_text()
