@@ -150,12 +150,53 @@ def _reset_generator_capture_state(device: torch.device) -> None:
         dummy.capture_end()
 
 
+def _blas_calls(x: torch.Tensor) -> None:
+    """A plain GEMM and a GEMM with bias in fp32 and bf16: the cuBLAS and cuBLASLt paths of matmuls."""
+    for t in (x, x.to(torch.bfloat16)):
+        t @ t
+        torch.addmm(t[0], t, t)
+
+
 def _init_library_handles() -> None:
-    """Create this thread's cuBLAS handle (and its workspace on the capture stream) before capture:
-    ``cublasCreate`` is not allowed while a stream captures."""
+    """Create this thread's cuBLAS and cuBLASLt handles before capture: creating them is not
+    allowed while a stream captures."""
     torch.cuda.current_blas_handle()
+    _blas_calls(torch.ones(8, 8, device=torch.cuda.current_device()))
+
+
+def clear_blas_workspaces() -> None:
+    """Drop torch's cached cuBLAS/cuBLASLt workspaces (one per handle and stream); the next matmul
+    on a stream allocates a new one. torch's own CUDA graph trees (``mode="reduce-overhead"``) do
+    the same around each recording."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+def _own_blas_workspace(pool: Any, mode: str) -> torch.cuda.CUDAGraph | None:
+    """Make the capture stream's cuBLAS workspace a block of ``pool``.
+
+    Kernels captured into a graph write to the workspace cuBLAS was given at capture time. A
+    workspace allocated before the capture lives outside the pool: when anything later clears
+    torch's workspace cache (CUDA graph trees do, on every recording), that memory goes back to
+    the allocator and replays write into whatever reuses it, or fault once it is freed. So the
+    cache is cleared and a tiny matmul is captured into the pool, where the new workspace is then
+    allocated. Returns the tiny graph, which the caller must keep alive (it holds the pool's use
+    count), or ``None`` if the tiny capture failed (logged; the capture goes on as before).
+    """
     x = torch.ones(8, 8, device=torch.cuda.current_device())
-    x @ x
+    clear_blas_workspaces()
+    tiny = torch.cuda.CUDAGraph()
+    try:
+        tiny.capture_begin(pool=pool, capture_error_mode=mode)
+        try:
+            _blas_calls(x)
+        finally:
+            tiny.capture_end()
+    except Exception as exc:  # noqa: BLE001 - an optimisation of safety, not needed for the capture itself
+        logger.debug("could not place the cuBLAS workspace in the graph pool: %s", exc)
+        return None
+    return tiny
 
 
 class BreakableCUDAGraphCapture:
@@ -227,6 +268,12 @@ class BreakableCUDAGraphCapture:
         stream_ctx.__enter__()
         _init_library_handles()
         self._resets.append(lambda: stream_ctx.__exit__(None, None, None))
+        tiny = _own_blas_workspace(pool, self.capture_error_mode)
+        if tiny is not None:
+            self.graph._retain(tiny)
+        # Afterwards no stream's cached workspace is a block of this pool, so eager matmuls never
+        # write into memory the graph's kernels use (the graph keeps using its block).
+        self._resets.append(clear_blas_workspaces)
         self._resets.append(lambda: current.wait_stream(stream))
         state = _CaptureState(self.graph, pool, stream, self.capture_error_mode, debug=False)
         self._activate(state)

@@ -440,6 +440,9 @@ def setup_whole_graph(ctx: StepContext) -> Runner:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    # The graph must own its cuBLAS workspace: one cached from an earlier capture on torch.cuda.graph's
+    # shared capture stream lives in that graph's pool, which CUDA graph trees (reduce_overhead) and BCG free.
+    torch._C._cuda_clearCublasWorkspaces()
     try:
         with torch.cuda.graph(graph):
             static_out = first_tensor(t(*static_args, **static_kwargs))
@@ -925,7 +928,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     if report.get("merged_from"):
         lines += ["", "Merged from " + "; ".join(
             f"`{m['file']}` ({'shard ' + m['shard'] + ': ' if m.get('shard') else ''}{', '.join(m['cases'])}, "
-            f"{_f(m.get('total_s'), '{:.0f}')} s)" for m in report["merged_from"]) + "."]
+            f"{_f(m.get('total_s'), '{:.0f}')} s, commit {m.get('git_commit')})" for m in report["merged_from"]) + "."]
     if report.get("not_run"):
         lines += ["", "Not run (time budget spent): " + ", ".join(report["not_run"]) + "."]
     lines += [
@@ -1057,6 +1060,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="measure nothing: combine result files (e.g. the shards of one matrix, same GPU, versions and "
                    "commit) into one JSON, Markdown table and chart")
+    p.add_argument("--allow-different-commits", action="store_true",
+                   help="with --merge: accept files from different commits of this project (each file's commit "
+                   "is listed in the result)")
     return p
 
 
@@ -1065,7 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = parser.parse_args(argv)
         if opts.merge:
-            return main_merge(opts.merge, opts.out_dir)
+            return main_merge(opts.merge, opts.out_dir, opts.allow_different_commits)
         for name in ("iters", "rounds", "e2e_steps"):
             v = getattr(opts, name)
             if v is not None and v < 1:
@@ -1086,8 +1092,15 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         cuda = torch.cuda.is_available()
-        if opts.cases:
-            raw = [(c, None, True) for c in opts.cases.split(",") if c.strip()]
+        if opts.cases:  # a case of the default matrix keeps its modes and end-to-end setting there
+            matrix = {parse_case(text).label: (modes, e2e) for text, modes, e2e in DEFAULT_MATRIX}
+            raw = []
+            for c in (c for c in opts.cases.split(",") if c.strip()):
+                try:
+                    modes, e2e = matrix.get(parse_case(c).label, (None, True))
+                except ValueError:
+                    modes, e2e = None, True  # reported below
+                raw.append((c, modes, e2e))
         elif opts.quick:
             raw = list(QUICK_MATRIX)
         else:
@@ -1216,8 +1229,11 @@ def write_report(report: dict[str, Any], base: Path, chart: bool, log=None) -> l
 MERGE_MUST_AGREE = ("gpu", "torch", "cuda", "diffusers", "dtype", "git_commit")
 
 
-def merge_reports(paths: list[Path]) -> dict[str, Any]:
+def merge_reports(paths: list[Path], allow_different_commits: bool = False) -> dict[str, Any]:
     """One report from several result files of the same set-up (``ValueError`` saying what differs).
+
+    With ``allow_different_commits`` the files may come from different commits of this project; each
+    file's commit is kept in ``merged_from`` and the Markdown says so.
 
     Cases keep the order of the default matrix where they belong to it, else the order of the files; a
     case may appear in only one file.
@@ -1233,6 +1249,8 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
     first, first_settings = reports[0]["environment"], reports[0]["settings"]
     for path, rep in zip(paths[1:], reports[1:]):
         for key in MERGE_MUST_AGREE:
+            if key == "git_commit" and allow_different_commits:
+                continue
             if rep["environment"].get(key) != first.get(key):
                 raise ValueError(f"{path}: {key} is {rep['environment'].get(key)!r} but {paths[0]} has "
                                  f"{first.get(key)!r}; merge only results of one set-up")
@@ -1250,8 +1268,12 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
     order = {text: i for i, text in enumerate(DEFAULT_CASES)}
     cases.sort(key=lambda c: order.get(c["case"], len(order)))  # stable: others keep file order
     settings = dict(first_settings, shard=None, argv=None)
+    commits = sorted({str(rep["environment"].get("git_commit")) for rep in reports})
+    environment = dict(first)
+    if len(commits) > 1:
+        environment["git_commit"] = " + ".join(commits)
     return {
-        "environment": dict(first),
+        "environment": environment,
         "settings": settings,
         "modes": reports[0].get("modes", {}),
         "cases": cases,
@@ -1260,15 +1282,16 @@ def merge_reports(paths: list[Path]) -> dict[str, Any]:
         "total_s": sum(rep.get("total_s") or 0.0 for rep in reports),
         "merged_from": [
             {"file": Path(p).name, "date": rep["environment"].get("date"), "shard": rep["settings"].get("shard"),
+             "git_commit": rep["environment"].get("git_commit"),
              "argv": rep["settings"].get("argv"), "total_s": rep.get("total_s"), "cases": [c["case"] for c in rep["cases"]]}
             for p, rep in zip(paths, reports)
         ],
     }
 
 
-def main_merge(paths: list[Path], out_dir: Path) -> int:
+def main_merge(paths: list[Path], out_dir: Path, allow_different_commits: bool = False) -> int:
     try:
-        report = merge_reports(paths)
+        report = merge_reports(paths, allow_different_commits)
     except ValueError as exc:
         print(f"error: --merge: {exc}", file=sys.stderr)
         return 2

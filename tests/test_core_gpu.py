@@ -342,3 +342,50 @@ def test_pool_allocated_bridges_do_not_accumulate():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, body(x))
+
+
+_WORKSPACE_CHILD = r"""
+import torch, bcg_diffusion as bcg
+torch.manual_seed(0)
+w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
+b = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+
+@bcg.eager_on_graph
+def brk(h):
+    return torch.softmax(h.float(), -1).to(h.dtype)
+
+def f(x):
+    h = x
+    for _ in range(4):
+        h = torch.nn.functional.linear(h, w, b)
+        h = h + brk(h)
+    return h @ w
+
+ref = f(x)
+graph = bcg.BreakableCUDAGraph()
+with bcg.BreakableCUDAGraphCapture(graph):
+    out = f(x)
+torch.cuda.synchronize()
+torch._C._cuda_clearCublasWorkspaces()  # what CUDA graph trees do on every recording
+torch.cuda.empty_cache()
+fill = [torch.full((2**24,), 7.0, device="cuda", dtype=torch.bfloat16) for _ in range(8)]  # take freed memory
+for _ in range(3):
+    out.zero_()
+    graph.replay()
+torch.cuda.synchronize()
+print("RESULT", torch.equal(out, ref), all(bool((t == 7).all()) for t in fill))
+"""
+
+
+def test_replay_survives_cleared_cublas_workspaces():
+    """A graph owns the cuBLAS workspace its kernels were captured with: clearing torch's workspace
+    cache (as torch.compile's CUDA graph trees do), freeing cached memory and reallocating it must
+    neither fault nor let replays write into other tensors. Run in a child process, since the
+    failure is a crash of the process."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _WORKSPACE_CHILD], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RESULT True True" in proc.stdout, proc.stdout + proc.stderr[-2000:]

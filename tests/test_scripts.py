@@ -292,6 +292,10 @@ def test_bench_shards_merge_into_one_report(bench, tmp_path, capsys):
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert bench.main(["--merge", str(files[0]), str(tmp_path / "other.json"), "--out-dir", str(merged_dir)]) == 2
     assert "git_commit" in capsys.readouterr().err
+    assert bench.main(["--merge", str(files[0]), str(tmp_path / "other.json"), "--allow-different-commits",
+                       "--out-dir", str(tmp_path / "mixed")]) == 0
+    mixed = json.loads(next((tmp_path / "mixed").glob("*.json")).read_text())
+    assert "0000000" in mixed["environment"]["git_commit"] and "+" in mixed["environment"]["git_commit"]
     assert bench.main(["--merge", str(tmp_path / "missing.json")]) == 2
 
 
