@@ -871,13 +871,14 @@ def environment(device, dtype, cuda: bool) -> dict[str, Any]:
         env["bcg_pipeline_api"] = all(hasattr(bcg_diffusion, n) for n in ("accelerate_transformer", "accelerate_pipeline"))
     except Exception:  # noqa: BLE001
         env["bcg_pipeline_api"] = False
-    try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                           cwd=gen.REPO_ROOT, timeout=10).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        env["git_commit"] = None
-    # a copy of the tree without .git (a remote GPU machine) can be told its commit
-    env["git_commit"] = env["git_commit"] or os.environ.get("BENCH_GIT_COMMIT") or None
+    # A copy of the tree on another machine (no .git, or a stale one) can be told its commit.
+    env["git_commit"] = os.environ.get("BENCH_GIT_COMMIT") or None
+    if env["git_commit"] is None:
+        try:
+            env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                               text=True, cwd=gen.REPO_ROOT, timeout=10).stdout.strip() or None
+        except Exception:  # noqa: BLE001
+            pass
     return env
 
 
@@ -1278,7 +1279,7 @@ def merge_reports(paths: list[Path], allow_different_commits: bool = False) -> d
         "modes": reports[0].get("modes", {}),
         "cases": cases,
         "skipped_cases": [s for rep in reports for s in rep.get("skipped_cases", [])],
-        "not_run": [c for rep in reports for c in rep.get("not_run", [])],
+        "not_run": [c for rep in reports for c in rep.get("not_run", []) if c not in seen],  # unless run elsewhere
         "total_s": sum(rep.get("total_s") or 0.0 for rep in reports),
         "merged_from": [
             {"file": Path(p).name, "date": rep["environment"].get("date"), "shard": rep["settings"].get("shard"),

@@ -307,3 +307,23 @@ def test_bench_time_budget_reports_cases_not_run(bench, tmp_path):
     assert [c["case"] for c in report["cases"]] == ["pixart:tiny:256x256:b1"]  # the first case always runs
     assert report["not_run"] == ["sd3:tiny:64x64:b1", "flux:tiny:64x64:b1"]
     assert "Not run (time budget spent): sd3:tiny:64x64:b1, flux:tiny:64x64:b1" in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_bench_commit_given_by_the_environment_wins(bench, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("BENCH_GIT_COMMIT", "abc1234")
+    assert bench.environment(torch.device("cpu"), torch.float32, False)["git_commit"] == "abc1234"
+
+
+@CPU_ONLY
+def test_bench_merge_drops_not_run_cases_that_ran_elsewhere(bench, tmp_path):
+    common = ["--modes", "eager", "--iters", "1", "--rounds", "1", "--warmup", "1", "--no-e2e"]
+    assert bench.main(["--cases", "pixart:tiny,sd3:tiny", "--time-budget", "1e-9", *common,
+                       "--out-dir", str(tmp_path / "a")]) == 0
+    assert bench.main(["--cases", "sd3:tiny", *common, "--out-dir", str(tmp_path / "b")]) == 0
+    files = [str(next((tmp_path / d).glob("*.json"))) for d in ("a", "b")]
+    assert json.loads(open(files[0]).read())["not_run"] == ["sd3:tiny:64x64:b1"]
+    assert bench.main(["--merge", *files, "--out-dir", str(tmp_path / "m")]) == 0
+    merged = json.loads(next((tmp_path / "m").glob("*.json")).read_text())
+    assert merged["not_run"] == [] and len(merged["cases"]) == 2
