@@ -173,13 +173,10 @@ def parse_shard(text: str) -> tuple[int, int]:
 def shard_cases(texts: list[str], k: int, n: int) -> list[int]:
     """Indices of the cases of shard ``k`` of ``n``: families are dealt out round-robin in order of first
     appearance, so all shapes of a family run in one shard (one process) and every case in exactly one."""
-    families: list[str] = []
-    for text in texts:
-        family = text.split(":", 1)[0].strip()
-        if family not in families:
-            families.append(family)
+    family_of_case = [text.split(":", 1)[0].strip() for text in texts]
+    families = list(dict.fromkeys(family_of_case))  # in order of first appearance
     mine = set(families[k - 1::n])
-    return [i for i, text in enumerate(texts) if text.split(":", 1)[0].strip() in mine]
+    return [i for i, family in enumerate(family_of_case) if family in mine]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,18 +7,27 @@ from ..registry import TextEncoderSpec
 _KL_DOWN = ("DownEncoderBlock2D",) * 4
 _KL_UP = ("UpDecoderBlock2D",) * 4
 
+def kl_vae_full(latent_channels: int, **published) -> dict:
+    """The 4-level ``AutoencoderKL`` layout shared by the VAEs of SDXL, SD3, Flux.1 and Flux.2 (128-256-512-512
+    channels, 2 layers per block, 1024 px); ``published`` adds each model's own keys (scaling, quant convs, ...)."""
+    return dict(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=_KL_DOWN,
+        up_block_types=_KL_UP,
+        block_out_channels=(128, 256, 512, 512),
+        layers_per_block=2,
+        act_fn="silu",
+        latent_channels=latent_channels,
+        norm_num_groups=32,
+        sample_size=1024,
+        **published,
+    )
+
+
 #: The 16-channel KL VAE of Flux.1 (also used by Chroma, Lumina 2 and Z-Image): published config.
-FLUX_VAE_FULL = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=_KL_DOWN,
-    up_block_types=_KL_UP,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    act_fn="silu",
-    latent_channels=16,
-    norm_num_groups=32,
-    sample_size=1024,
+FLUX_VAE_FULL = kl_vae_full(
+    16,
     scaling_factor=0.3611,
     shift_factor=0.1159,
     use_quant_conv=False,

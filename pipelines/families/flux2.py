@@ -6,6 +6,7 @@ Euler with an empirical resolution/step shift. Guidance-distilled: embedded guid
 """
 
 from ..registry import FamilySpec, SizeSpec, TextEncoderSpec
+from ._common import kl_vae_full, kl_vae_tiny
 
 FULL_TRANSFORMER = dict(
     patch_size=1,
@@ -35,17 +36,8 @@ TINY_TRANSFORMER = dict(
     axes_dims_rope=(4, 4, 4, 4),
 )
 
-VAE_FULL = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    act_fn="silu",
-    latent_channels=32,
-    norm_num_groups=32,
-    sample_size=1024,
+VAE_FULL = kl_vae_full(
+    32,
     use_quant_conv=True,
     use_post_quant_conv=True,
     mid_block_add_attention=True,
@@ -54,7 +46,7 @@ VAE_FULL = dict(
     patch_size=(2, 2),
 )
 
-VAE_TINY = dict(VAE_FULL, block_out_channels=(16, 16, 16, 16), layers_per_block=1, norm_num_groups=8, sample_size=64)
+VAE_TINY = kl_vae_tiny(VAE_FULL)
 
 SCHEDULER = dict(
     num_train_timesteps=1000,

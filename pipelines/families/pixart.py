@@ -6,7 +6,7 @@ resizes the result back, so the tiny model generates at 256 px (sample size 32) 
 """
 
 from ..registry import FamilySpec, SizeSpec
-from ._common import kl_vae_tiny, t5_xxl
+from ._common import kl_vae_full, kl_vae_tiny, t5_xxl
 
 FULL_TRANSFORMER = dict(
     num_attention_heads=16,
@@ -44,17 +44,8 @@ TINY_TRANSFORMER = dict(
 )
 
 # SDXL VAE (madebyollin/sdxl-vae-fp16-fix layout), as shipped in the PixArt-Sigma repository.
-VAE_FULL = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    act_fn="silu",
-    latent_channels=4,
-    norm_num_groups=32,
-    sample_size=1024,
+VAE_FULL = kl_vae_full(
+    4,
     scaling_factor=0.13025,
     force_upcast=True,
 )

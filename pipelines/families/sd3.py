@@ -7,7 +7,7 @@ context-pre-only. Three text encoders: CLIP-L and CLIP-G (with projection) and T
 from dataclasses import replace
 
 from ..registry import FamilySpec, SizeSpec, TextEncoderSpec
-from ._common import clip_l, kl_vae_tiny, t5_xxl
+from ._common import clip_l, kl_vae_full, kl_vae_tiny, t5_xxl
 
 FULL_TRANSFORMER = dict(
     sample_size=128,
@@ -38,17 +38,8 @@ TINY_TRANSFORMER = dict(
     dual_attention_layers=(0,),
 )
 
-VAE_FULL = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    act_fn="silu",
-    latent_channels=16,
-    norm_num_groups=32,
-    sample_size=1024,
+VAE_FULL = kl_vae_full(
+    16,
     scaling_factor=1.5305,
     shift_factor=0.0609,
     use_quant_conv=False,
