@@ -13,7 +13,33 @@ from .registry import FamilySpec, family_of, get_family
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_pipeline"]
+__all__ = ["load_pipeline", "own_weights"]
+
+#: Byte alignment of torch's CPU allocator; CPU GEMM kernels may take another code path (and round
+#: differently) for operands that start elsewhere.
+ALIGNMENT = 64
+
+
+def own_weights(pipe) -> int:
+    """Copy every parameter and buffer of ``pipe``'s modules that does not start on an :data:`ALIGNMENT`
+    boundary into memory torch allocated; return how many were copied.
+
+    ``safetensors.torch.load_file`` (which ``from_pretrained`` uses) returns zero-copy views of the
+    memory-mapped file, where tensors start at ``8 + header length``: 8-byte aligned. On a CPU the
+    loaded pipeline would then compute in a different order from the one that was saved (last-bit
+    differences) and keep the file mapped. On CUDA ``.to(device)`` already copied everything.
+    """
+    copied = 0
+    for component in pipe.components.values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for module in component.modules():
+            for tensors in (module._parameters, module._buffers):
+                for name, tensor in tensors.items():
+                    if tensor is not None and tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
+                        tensor.data = tensor.data.clone()
+                        copied += 1
+    return copied
 
 
 def _offline_hint(model_id: str, err: BaseException) -> str:
@@ -41,6 +67,8 @@ def load_pipeline(
     class from ``model_index.json`` and the family is detected from the transformer class (``ValueError``
     if no known family matches). ``device``/``dtype`` default as in :func:`pipelines.build_pipeline`. An id
     that is neither a local directory nor cached raises ``OSError`` saying how to pass a local path.
+    The weights live in torch-allocated memory (:func:`own_weights`), so a saved and reloaded pipeline
+    computes bitwise what the saved one did on the same device.
     """
     from diffusers import DiffusionPipeline
 
@@ -64,5 +92,6 @@ def load_pipeline(
         logger.warning("load_pipeline: asked for family %r but the transformer is %s (%r)",
                        spec.name, type(pipe.transformer).__name__, detected.name)
     pipe.to(device)
+    own_weights(pipe)
     logger.info("loaded %s as family %r on %s in %s", path, detected.name, device, dtype)
     return pipe

@@ -18,7 +18,8 @@ Modes (see docs/benchmarks.md):
 Every mode other than eager works on its own weight-sharing copy of the transformer (module structure copied,
 parameters and buffers shared), so compiled and BCG modes never stack by accident and eager stays eager.
 
-Writes ``bench_step_<date>.json``, ``.md`` and ``.png`` into ``--out-dir`` (default ``bench_results/``).
+Writes ``bench_step_<date>.json`` and ``.md`` into ``--out-dir`` (default ``bench_results/``), and the ``.png``
+chart where matplotlib is installed (``pip install -e ".[bench]"``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP = 20, 3, 3
 # and at most DEFAULT_ITERS calls), so slow compute-bound steps do not dominate the run time.
 AUTO_ROUND_S, MIN_AUTO_ITERS = 0.4, 3
 PROMPT = "a lighthouse on a rocky coast at dusk, waves crashing, dramatic sky"
+CHART_NEEDS_MATPLOTLIB = 'no chart: matplotlib is not installed (the chart needs pip install -e ".[bench]")'
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1218,6 +1220,9 @@ def write_report(report: dict[str, Any], base: Path, chart: bool, log=None) -> l
         try:
             plot_report(report, png_path)
             written.append(png_path)
+        except ImportError:  # matplotlib is an optional extra: the numbers are in the JSON and Markdown
+            if log:
+                log(CHART_NEEDS_MATPLOTLIB)
         except Exception as exc:  # noqa: BLE001 - the numbers matter more than the chart
             if log:
                 log(f"could not draw the chart: {_err(exc)}")

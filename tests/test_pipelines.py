@@ -327,6 +327,19 @@ def test_save_and_load_round_trip(family, tmp_path):
     assert type(again) is type(pipe)
 
 
+def test_loaded_weights_are_copied_out_of_the_mapped_file(tmp_path):
+    """safetensors maps the file and returns views at 8-byte-aligned offsets; CPU GEMMs round differently
+    on such operands, so load_pipeline copies them into torch's 64-byte-aligned memory."""
+    built("flux", 0).save_pretrained(tmp_path)
+    loaded = P.load_pipeline(tmp_path, device="cpu")
+    misaligned = [
+        f"{component}.{name}"
+        for component, module in loaded.components.items() if isinstance(module, torch.nn.Module)
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()] if tensor.data_ptr() % 64
+    ]
+    assert misaligned == []
+
+
 # --------------------------------------------------------------------------------- smoke script
 
 

@@ -253,6 +253,20 @@ def test_bench_cpu_run_writes_json_markdown_png(bench, tmp_path, capsys):
 
 
 @CPU_ONLY
+def test_bench_without_matplotlib_writes_json_markdown_and_one_line(bench, tmp_path, capsys, monkeypatch):
+    for name in ("matplotlib", "matplotlib.pyplot"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import matplotlib` now raises ImportError
+    rc = bench.main(["--cases", "flux:tiny", "--modes", "eager", "--iters", "1", "--rounds", "1", "--warmup", "1",
+                     "--no-e2e", "--out-dir", str(tmp_path)])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "chart" in line] == [bench.CHART_NEEDS_MATPLOTLIB], lines
+    assert 'pip install -e ".[bench]"' in bench.CHART_NEEDS_MATPLOTLIB
+    assert len(list(tmp_path.glob("bench_step_*.json"))) == len(list(tmp_path.glob("bench_step_*.md"))) == 1
+    assert not list(tmp_path.glob("*.png"))
+
+
+@CPU_ONLY
 def test_bench_cpu_bcg_mode_runs_as_noop(bench, tmp_path):
     _require_bcg("accelerate_transformer", "accelerate_pipeline", "remove_acceleration", "BCGConfig", "get_stats")
     assert bench.main(["--cases", "pixart:tiny", "--modes", "eager,bcg", "--iters", "2", "--rounds", "2",
