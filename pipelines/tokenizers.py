@@ -2,8 +2,8 @@
 
 No tokenizer can be downloaded here, so each one is built in code from a fixed English word list:
 
-* byte-level BPE (Qwen2/Qwen3, Llama-3 and Mistral styles), CLIP BPE and Gemma BPE get merges from a small
-  deterministic BPE trainer run over the word list, so every listed word is one token (as in the real
+* byte-level BPE (Qwen2/Qwen3, Llama-3 and Mistral styles), CLIP BPE and Gemma BPE get merges from the
+  ``tokenizers`` package's BPE trainer run over the word list, so every listed word is one token (as in the real
   vocabularies) and any other text still encodes (byte-level alphabet, or byte fallback for Gemma);
 * T5/UMT5 get a Unigram vocabulary of whole words plus single characters.
 
@@ -17,10 +17,9 @@ what each pipeline relies on. All tokenizers survive ``save_pretrained`` / ``fro
 from __future__ import annotations
 
 import functools
-import heapq
-from collections import defaultdict
+import json
 
-from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors, trainers
 from tokenizers.models import BPE
 
 __all__ = [
@@ -99,49 +98,31 @@ _BYTE_LEVEL_REGEX = (
 )
 
 
-def _train_bpe(words: list[tuple[str, ...]]) -> list[tuple[str, str]]:
-    """Learn BPE merges until every word is one symbol; ties break on the pair's text (deterministic)."""
-    seqs = [list(w) for w in words]
-    counts: dict[tuple[str, str], int] = defaultdict(int)
-    where: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for i, seq in enumerate(seqs):
-        for pair in zip(seq, seq[1:]):
-            counts[pair] += 1
-            where[pair].add(i)
-    heap = [(-c, p) for p, c in counts.items()]
-    heapq.heapify(heap)
-    merges: list[tuple[str, str]] = []
-    while heap:
-        neg, pair = heapq.heappop(heap)
-        if counts.get(pair, 0) != -neg or neg == 0:
-            continue
-        merges.append(pair)
-        joined = pair[0] + pair[1]
-        touched: set[tuple[str, str]] = set()
-        for i in sorted(where.pop(pair, ())):
-            seq = seqs[i]
-            for p in zip(seq, seq[1:]):
-                counts[p] -= 1
-                touched.add(p)
-            out: list[str] = []
-            j = 0
-            while j < len(seq):
-                if j + 1 < len(seq) and seq[j] == pair[0] and seq[j + 1] == pair[1]:
-                    out.append(joined)
-                    j += 2
-                else:
-                    out.append(seq[j])
-                    j += 1
-            seqs[i] = out
-            for p in zip(out, out[1:]):
-                counts[p] += 1
-                where[p].add(i)
-                touched.add(p)
-        counts[pair] = 0
-        for p in sorted(touched):
-            if counts[p] > 0:
-                heapq.heappush(heap, (-counts[p], p))
-    return merges
+# The trainer gives ``end_of_word_suffix`` symbols ids in hash-map order (tie-breaks then differ from
+# process to process), so a word's last character is handed to it as one private-use character instead.
+_END_OF_WORD_BASE = 0xF0000
+
+
+def _train_bpe(words: list[str], end_of_word_suffix: str | None = None) -> list[tuple[str, str]]:
+    """BPE merges, learnt by the ``tokenizers`` package's trainer, that make every word one symbol.
+
+    Each word is one unit (no pre-tokenizer) of frequency 1; training goes on until no pair is left.
+    With ``end_of_word_suffix`` a word's last character is the symbol ``char + suffix`` (CLIP's
+    ``</w>``). Ties break on the pairs' ids, which follow the sorted alphabet and the merge order, so
+    the result is the same in every process.
+    """
+    if end_of_word_suffix:
+        words = [w[:-1] + chr(_END_OF_WORD_BASE + ord(w[-1])) for w in words]
+    backend = Tokenizer(BPE())
+    trainer = trainers.BpeTrainer(vocab_size=1_000_000, min_frequency=0, show_progress=False)  # no size limit
+    backend.train_from_iterator(words, trainer)
+    merges = json.loads(backend.to_str())["model"]["merges"]
+
+    def symbol(text: str) -> str:
+        return "".join(chr(ord(c) - _END_OF_WORD_BASE) + end_of_word_suffix if ord(c) >= _END_OF_WORD_BASE else c
+                       for c in text)
+
+    return [(symbol(a), symbol(b)) for a, b in merges]
 
 
 def _bpe_vocab(alphabet: list[str], merges: list[tuple[str, str]], first: list[str], last: list[str]):
@@ -178,7 +159,7 @@ def _byte_level_model() -> tuple[dict[str, int], list[tuple[str, str]]]:
     for w in _byte_level_words():
         for piece, _ in pre.pre_tokenize_str(w):
             chunks.setdefault(piece, None)
-    merges = _train_bpe([tuple(c) for c in chunks])
+    merges = _train_bpe(list(chunks))
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = _bpe_vocab(alphabet, merges, [], [])
     return vocab, merges
@@ -208,8 +189,7 @@ def _bytes_backend(specials: list[str]) -> tuple[Tokenizer, dict[str, int]]:
 def _clip_model() -> tuple[dict[str, int], list[tuple[str, str]]]:
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     words = sorted({w.lower() for w in WORDS if w.isalpha()})
-    seqs = [tuple(w[:-1]) + (w[-1] + "</w>",) for w in words]
-    merges = _train_bpe(seqs)
+    merges = _train_bpe(words, end_of_word_suffix="</w>")
     vocab = _bpe_vocab(alphabet + [a + "</w>" for a in alphabet], merges, [], ["<|startoftext|>", "<|endoftext|>"])
     return vocab, list(merges)
 
@@ -271,7 +251,7 @@ def _gemma_model() -> tuple[dict[str, int], list[tuple[str, str]]]:
         for v in (w, w.capitalize()):
             words.setdefault("▁" + v, None)
             words.setdefault(v, None)
-    merges = _train_bpe([tuple(w) for w in words])
+    merges = _train_bpe(list(words))
     vocab = _bpe_vocab(alphabet, merges, _GEMMA_SPECIALS + _GEMMA_TURN + byte_tokens, [])
     return vocab, list(merges)
 
