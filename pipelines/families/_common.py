@@ -48,6 +48,22 @@ def kl_vae_tiny(full: dict, channels: int = 16) -> dict:
     }
 
 
+#: The causal 3D VAE of Wan 2.1 (``AutoencoderKLWan``; 16 latent channels, 8x spatial, 4x temporal):
+#: published config. Qwen-Image ships the same config for its ``AutoencoderKLQwenImage``.
+WAN_VAE_FULL = dict(
+    base_dim=96,
+    z_dim=16,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=2,
+    attn_scales=[],
+    temperal_downsample=[False, True, True],
+    dropout=0.0,
+)
+
+#: A tiny Wan VAE: same latent channels and compression, 8 base channels, 1 residual block per level.
+WAN_VAE_TINY = dict(WAN_VAE_FULL, base_dim=8, num_res_blocks=1)
+
+
 #: The flow-matching Euler scheduler of Flux.1-dev (resolution-dependent shift).
 FLUX_SCHEDULER = dict(
     num_train_timesteps=1000,

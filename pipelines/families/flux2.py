@@ -6,7 +6,7 @@ Euler with an empirical resolution/step shift. Guidance-distilled: embedded guid
 """
 
 from ..registry import FamilySpec, SizeSpec, TextEncoderSpec
-from ._common import kl_vae_full, kl_vae_tiny
+from ._common import FLUX_SCHEDULER, kl_vae_full, kl_vae_tiny
 
 FULL_TRANSFORMER = dict(
     patch_size=1,
@@ -48,16 +48,8 @@ VAE_FULL = kl_vae_full(
 
 VAE_TINY = kl_vae_tiny(VAE_FULL)
 
-SCHEDULER = dict(
-    num_train_timesteps=1000,
-    shift=3.0,
-    use_dynamic_shifting=True,
-    base_shift=0.5,
-    max_shift=1.15,
-    base_image_seq_len=256,
-    max_image_seq_len=4096,
-    time_shift_type="exponential",
-)
+# Flux.1's scheduler settings, with the exponential time shift.
+SCHEDULER = dict(FLUX_SCHEDULER, time_shift_type="exponential")
 
 MISTRAL3 = TextEncoderSpec(
     component="text_encoder",

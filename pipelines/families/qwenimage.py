@@ -7,6 +7,7 @@ default call passes ``negative_prompt=" "`` as the model card does.
 """
 
 from ..registry import FamilySpec, SizeSpec, TextEncoderSpec
+from ._common import WAN_VAE_FULL, WAN_VAE_TINY
 
 FULL_TRANSFORMER = dict(
     patch_size=2,
@@ -28,18 +29,6 @@ TINY_TRANSFORMER = dict(
     joint_attention_dim=32,  # tiny Qwen2.5-VL width
     axes_dims_rope=(4, 6, 6),
 )
-
-VAE_FULL = dict(
-    base_dim=96,
-    z_dim=16,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=2,
-    attn_scales=[],
-    temperal_downsample=[False, True, True],
-    dropout=0.0,
-)
-
-VAE_TINY = dict(VAE_FULL, base_dim=8, num_res_blocks=1)
 
 SCHEDULER = dict(
     num_train_timesteps=1000,
@@ -74,8 +63,8 @@ SPEC = FamilySpec(
     scheduler_class_name="FlowMatchEulerDiscreteScheduler",
     scheduler_config=SCHEDULER,
     text_encoders=(QWEN25_VL,),
-    tiny=SizeSpec(transformer=TINY_TRANSFORMER, vae=VAE_TINY, height=64, width=64),
-    full=SizeSpec(transformer=FULL_TRANSFORMER, vae=VAE_FULL, height=1328, width=1328),
+    tiny=SizeSpec(transformer=TINY_TRANSFORMER, vae=WAN_VAE_TINY, height=64, width=64),
+    full=SizeSpec(transformer=FULL_TRANSFORMER, vae=WAN_VAE_FULL, height=1328, width=1328),
     default_steps=50,
     default_guidance=4.0,
     guidance_kwarg="true_cfg_scale",

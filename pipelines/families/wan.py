@@ -5,6 +5,7 @@ UniPC scheduler. CFG runs two transformer calls per step.
 """
 
 from ..registry import FamilySpec, SizeSpec, TextEncoderSpec
+from ._common import WAN_VAE_FULL, WAN_VAE_TINY
 
 FULL_TRANSFORMER = dict(
     patch_size=(1, 2, 2),
@@ -34,18 +35,6 @@ TINY_TRANSFORMER = dict(
     num_layers=2,
     rope_max_seq_len=32,
 )
-
-VAE_FULL = dict(
-    base_dim=96,
-    z_dim=16,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=2,
-    attn_scales=[],
-    temperal_downsample=[False, True, True],
-    dropout=0.0,
-)
-
-VAE_TINY = dict(VAE_FULL, base_dim=8, num_res_blocks=1)
 
 SCHEDULER = dict(
     num_train_timesteps=1000,
@@ -84,8 +73,8 @@ SPEC = FamilySpec(
     scheduler_class_name="UniPCMultistepScheduler",
     scheduler_config=SCHEDULER,
     text_encoders=(UMT5,),
-    tiny=SizeSpec(transformer=TINY_TRANSFORMER, vae=VAE_TINY, height=32, width=32, num_frames=9),
-    full=SizeSpec(transformer=FULL_TRANSFORMER, vae=VAE_FULL, height=480, width=832, num_frames=81),
+    tiny=SizeSpec(transformer=TINY_TRANSFORMER, vae=WAN_VAE_TINY, height=32, width=32, num_frames=9),
+    full=SizeSpec(transformer=FULL_TRANSFORMER, vae=WAN_VAE_FULL, height=480, width=832, num_frames=81),
     default_steps=50,
     default_guidance=5.0,
     guidance_kwarg="guidance_scale",
