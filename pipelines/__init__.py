@@ -10,10 +10,16 @@ Public API::
     family_of(pipe_or_transformer) -> FamilySpec
     validate_shape(family, height, width, frames=None)
     check_call(family, height=None, width=None, num_frames=None, size="full") -> dict
+    plan_call(family, size, prompt=..., height=None, ...) -> dict     (a call before any pipeline exists)
+    fit_call(pipe, call, batch=1, exact_shape=False) -> (dict, dropped keys)
+    generated(output) -> images, frames or latents of a pipe(...) output
+    resolve_device(device), resolve_dtype(dtype, device); DTYPES, DTYPE_NAMES, dtype_name(dtype)
 """
 
 from .build import build_pipeline
+from .calls import call_parameters, fit_call, generated, plan_call
 from .describe import FamilyDescription, describe, transformer_param_count
+from .dtypes import DTYPE_NAMES, DTYPES, dtype_name, resolve_device, resolve_dtype
 from .load import load_pipeline
 from .registry import (
     CFG_MODES,
@@ -30,18 +36,27 @@ from .registry import (
 
 __all__ = [
     "CFG_MODES",
+    "DTYPES",
+    "DTYPE_NAMES",
     "SIZES",
     "FamilyDescription",
     "FamilySpec",
     "SizeSpec",
     "TextEncoderSpec",
     "build_pipeline",
+    "call_parameters",
     "check_call",
     "describe",
+    "dtype_name",
     "family_of",
+    "fit_call",
+    "generated",
     "get_family",
     "list_families",
     "load_pipeline",
+    "plan_call",
+    "resolve_device",
+    "resolve_dtype",
     "transformer_param_count",
     "validate_shape",
 ]

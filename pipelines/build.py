@@ -16,32 +16,13 @@ from typing import Any
 
 import torch
 
+from .dtypes import resolve_device, resolve_dtype
 from .registry import FamilySpec, get_family
 from .text_encoders import build_text_encoder, build_tokenizer, preset
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_components", "build_pipeline", "resolve_device", "resolve_dtype"]
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` -> ``cuda`` if available else ``cpu``."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """``None`` -> bf16 on CUDA, fp32 elsewhere; strings like ``"bf16"``/``"float16"`` are accepted."""
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, str):
-        names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-                 "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
-        if dtype not in names:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
-        return names[dtype]
-    return dtype
+__all__ = ["build_components", "build_pipeline"]
 
 
 def _component_seed(seed: int, name: str) -> int:

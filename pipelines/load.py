@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .build import resolve_device, resolve_dtype
+from .dtypes import resolve_device, resolve_dtype
 from .registry import FamilySpec, family_of, get_family
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,8 @@ A family is one published diffusers pipeline (Flux.1-dev, SD3.5-medium, ...). It
 names the real diffusers classes, the published transformer config (``full``) and a tiny config with the
 same block structure (``tiny``), the VAE and text encoders, the scheduler, default call settings and how
 classifier-free guidance (CFG) is run. Family modules live in :mod:`pipelines.families`; this module only
-holds the data types and the lookups over them.
+holds the data types and the lookups over them. Which families exist, and in which order, is the library's
+``bcg_diffusion.KNOWN_TRANSFORMERS``.
 """
 
 from __future__ import annotations
@@ -41,22 +42,13 @@ CFG_MODES = ("batched", "two_calls", "embedded", "none")
 #: Size names accepted by :func:`pipelines.build_pipeline`.
 SIZES = ("tiny", "full")
 
-# Family modules in registry order (the order of ``list_families()``).
-_FAMILY_MODULES = (
-    "flux",
-    "sd3",
-    "pixart",
-    "sana",
-    "wan",
-    "qwenimage",
-    "hunyuanvideo",
-    "ltx",
-    "cogvideox",
-    "lumina2",
-    "zimage",
-    "chroma",
-    "flux2",
-)
+
+def _supported_families() -> dict[str, str]:
+    """Family name -> transformer class name, in the order of the library's ``KNOWN_TRANSFORMERS``:
+    the one list of supported families (the registry, the scripts and the docs follow it)."""
+    from bcg_diffusion import KNOWN_TRANSFORMERS
+
+    return {info.family: class_name for class_name, info in KNOWN_TRANSFORMERS.items()}
 
 
 def _frozen(mapping: Mapping | None) -> Mapping:
@@ -197,13 +189,15 @@ class FamilySpec:
 
 @functools.lru_cache(maxsize=None)
 def _registry() -> Mapping[str, FamilySpec]:
+    """One spec per supported family, from module ``pipelines.families.<family>``."""
     specs = {}
-    for mod_name in _FAMILY_MODULES:
-        mod = importlib.import_module(f"pipelines.families.{mod_name}")
-        spec: FamilySpec = mod.SPEC
-        if spec.name != mod_name:
-            raise RuntimeError(f"family module {mod_name} defines spec {spec.name!r}")
-        specs[spec.name] = spec
+    for name, transformer_class_name in _supported_families().items():
+        spec: FamilySpec = importlib.import_module(f"pipelines.families.{name}").SPEC
+        if (spec.name, spec.transformer_class_name) != (name, transformer_class_name):
+            raise RuntimeError(f"pipelines.families.{name} defines family {spec.name!r} with transformer "
+                               f"{spec.transformer_class_name}; bcg_diffusion.KNOWN_TRANSFORMERS maps "
+                               f"{transformer_class_name} to {name!r}")
+        specs[name] = spec
     return MappingProxyType(specs)
 
 

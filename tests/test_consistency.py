@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,28 @@ def test_bcg_diffusion_imports_without_cuda_bindings():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _readme_families() -> list[str]:
+    """The backticked names of README.md's "Supported families" paragraph, in order."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("Supported families")
+    paragraph = text[start:text.index("\n\n", start)]
+    return [name for name in re.findall(r"`([a-z0-9]+)`", paragraph) if name != "pipelines"]
+
+
+def test_one_list_of_families():
+    """The library's KNOWN_TRANSFORMERS is the list; the pipelines registry (names, order, transformer
+    classes) and the README's list agree with it."""
+    from bcg_diffusion import KNOWN_TRANSFORMERS
+
+    import pipelines
+
+    library = [info.family for info in KNOWN_TRANSFORMERS.values()]
+    assert len(set(library)) == len(library), library
+    assert pipelines.list_families() == library
+    for class_name, info in KNOWN_TRANSFORMERS.items():
+        assert pipelines.get_family(info.family).transformer_class_name == class_name
+    assert _readme_families() == library
+    modules = sorted(p.stem for p in (ROOT / "pipelines" / "families").glob("*.py") if not p.stem.startswith("_"))
+    assert modules == sorted(library), "a family module that is not in KNOWN_TRANSFORMERS, or one missing"

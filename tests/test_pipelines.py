@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -147,6 +148,30 @@ def test_check_call_defaults_and_validation():
     with pytest.raises(ValueError, match="frames=12"):
         P.check_call("wan", num_frames=12)
     P.validate_shape("flux", 512, 768, 1)
+
+
+def test_plan_call_puts_values_into_the_family_default():
+    call = P.plan_call("qwenimage", "tiny", prompt="x", guidance=2.0, steps=3)
+    assert call == {"prompt": "x", "height": 64, "width": 64, "num_inference_steps": 3, "true_cfg_scale": 2.0,
+                    "negative_prompt": " "}
+    assert P.plan_call("wan", "tiny", prompt="x", num_frames=5)["num_frames"] == 5
+    assert P.plan_call(None, prompt="x", width=64, guidance=1.0) == {"prompt": "x", "width": 64, "guidance_scale": 1.0}
+    with pytest.raises(ValueError, match="multiples of 16"):
+        P.plan_call("flux", "tiny", prompt="x", height=65)
+
+
+def test_fit_call_adapts_to_the_pipeline_signature():
+    call, dropped = P.fit_call(built("pixart"), {"prompt": "x"}, batch=2, exact_shape=True, clean_caption=False)
+    assert call == {"prompt": "x", "num_images_per_prompt": 2, "use_resolution_binning": False, "clean_caption": False}
+    assert dropped == []
+    call, dropped = P.fit_call(built("wan"), {"prompt": "x", "no_such_kwarg": 1}, batch=3, exact_shape=True)
+    assert call == {"prompt": "x", "num_videos_per_prompt": 3} and dropped == ["no_such_kwarg"]
+
+
+def test_generated_reads_images_frames_and_latents():
+    assert P.generated(SimpleNamespace(images=[1], frames=None)) == [1]
+    assert P.generated(SimpleNamespace(images=None, frames=[2])) == [2]
+    assert P.generated(([3],)) == [3]
 
 
 def test_family_of_unknown_object():
