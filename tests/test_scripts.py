@@ -160,13 +160,6 @@ def test_bench_parse_case(bench):
         bench.parse_case("flux:big")
 
 
-def test_bench_bcg_config_keeps_known_fields(bench):
-    bcg = _require_bcg("BCGConfig")
-    api = bench.gen.bcg_api("BCGConfig")
-    config = bench.bcg_config(api, {"debug": True, "no_such_field": 1, "max_graphs": None})
-    assert isinstance(config, bcg.BCGConfig) and config.debug is True
-
-
 def test_bench_default_matrix_covers_the_families(bench):
     families = {bench.parse_case(c).family for c in bench.DEFAULT_CASES}
     assert {"pixart", "sd3", "sana", "wan", "flux", "qwenimage"} <= families
@@ -217,6 +210,8 @@ def test_bench_auto_iters(bench):
         (["--cases", "no-such-model:tiny"], "unknown family"),
         (["--cases", "flux:full:1000x1000"], "multiples of"),
         (["--iters", "0"], "--iters must be >= 1"),
+        (["--cases", ","], "names no case"),
+        (["--modes", ","], "unknown mode"),
     ],
 )
 def test_bench_bad_arguments_exit_2(bench, capsys, argv, needle):
@@ -264,6 +259,53 @@ def test_bench_without_matplotlib_writes_json_markdown_and_one_line(bench, tmp_p
     assert 'pip install -e ".[bench]"' in bench.CHART_NEEDS_MATPLOTLIB
     assert len(list(tmp_path.glob("bench_step_*.json"))) == len(list(tmp_path.glob("bench_step_*.md"))) == 1
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_bench_chart_legend_is_outside_the_bars(bench):
+    from bench.chart import draw_chart
+
+    modes = {m: {"median_ms": 1.0, "speedup_vs_eager": 1.0 + i, "torch_compile": False}
+             for i, m in enumerate(bench.MODES)}
+    report = {"environment": {"gpu": None, "date": "2026-01-01"},
+              "cases": [{"case": f"case{i}", "modes": modes} for i in range(3)]}
+    fig = draw_chart(report)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    legend, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert not legend.overlaps(axes_box), (legend, axes_box)  # so it covers no bar, whatever their heights
+
+
+@pytest.mark.parametrize(
+    "drop, field",
+    [(("settings", "rounds"), "settings.rounds"), (("environment", "gpu"), "environment.gpu"),
+     (("cases", 0, "modes"), "cases[0].modes"), (("cases",), "cases")],
+)
+def test_bench_merge_names_the_missing_field(bench, tmp_path, capsys, drop, field):
+    report = {"environment": {k: None for k in ("date", "gpu", "torch", "cuda", "diffusers", "dtype", "git_commit")},
+              "settings": {"iters": 1, "rounds": 1, "warmup": 1}, "cases": [{"case": "x", "modes": {}}]}
+    part = report
+    for key in drop[:-1]:
+        part = part[key]
+    del part[drop[-1]]
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    assert bench.main(["--merge", str(tmp_path / "r.json"), "--out-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"has no field {field}" in err and "r.json" in err, err
+
+
+def test_bench_merge_reads_the_committed_results(bench, tmp_path):
+    """Result files written by earlier versions of the benchmark still merge."""
+    results = sorted((SCRIPTS.parent / "bench_results").glob("bench_step_*.json"))
+    assert results
+    for path in results:
+        assert bench.main(["--merge", str(path), "--out-dir", str(tmp_path)]) == 0, path
+
+
+def test_bench_kernel_summary_counts_kernels_and_busy_time(bench):
+    from bench.timing import kernel_summary
+
+    events = [("gemm", 0.0, 10.0), ("Memcpy HtoD", 5.0, 12.0), ("softmax", 20.0, 25.0), ("Memset (Device)", 21.0, 22.0)]
+    assert kernel_summary(events) == {"kernels": 2, "memory_ops": 2, "kernel_time_ms": 0.015, "gpu_busy_ms": 0.017}
 
 
 @CPU_ONLY
