@@ -1,36 +1,10 @@
-"""bcg-diffusion: breakable CUDA graphs for diffusers diffusion-transformer pipelines."""
+"""bcg-diffusion: breakable CUDA graphs for diffusers diffusion-transformer pipelines.
 
-from ._cudart import CaptureStatus, CudaRuntimeError, check_cuda, stream_capture_status
-from .boxing import _BCGBoxedTupleOutput, box_tuple, returns_boxed_tuples_under_capture, unbox_tuple
-from .capture import BreakableCUDAGraphCapture, break_graph, eager_on_graph, is_capturing_breakable
-from .copy_back import BreakOutputMismatchError, copy_into
-from .graph import BreakableCUDAGraph
-from .replay_token import get_current_replay_token, replay_token_scope
+The user API is here; the capture core (breakable graphs, breaks, replay tokens) is
+:mod:`bcg_diffusion.core`.
+"""
 
-__version__ = "0.1.0"
-
-__all__ = [
-    "BreakableCUDAGraph",
-    "BreakableCUDAGraphCapture",
-    "BreakOutputMismatchError",
-    "CaptureStatus",
-    "CudaRuntimeError",
-    "_BCGBoxedTupleOutput",
-    "box_tuple",
-    "break_graph",
-    "check_cuda",
-    "copy_into",
-    "eager_on_graph",
-    "get_current_replay_token",
-    "is_capturing_breakable",
-    "replay_token_scope",
-    "returns_boxed_tuples_under_capture",
-    "stream_capture_status",
-    "unbox_tuple",
-]
-
-from .accelerate import (  # noqa: E402  (the integration sits on top of the core)
-    AccelerationError,
+from .accelerate import (
     accelerate_pipeline,
     accelerate_transformer,
     clear_graphs,
@@ -38,12 +12,16 @@ from .accelerate import (  # noqa: E402  (the integration sits on top of the cor
     is_accelerated,
     remove_acceleration,
 )
-from .config import BCGConfig  # noqa: E402
-from .families import KNOWN_TRANSFORMERS, UnknownTransformerError  # noqa: E402
-from .runner import BCGCaptureWarning  # noqa: E402
-from .stats import BCGStats, GraphEntryStats  # noqa: E402
+from .config import BCGConfig
+from .core import eager_on_graph, get_current_replay_token
+from .entries import BCGCaptureWarning
+from .errors import AccelerationError
+from .families import KNOWN_TRANSFORMERS, UnknownTransformerError
+from .stats import BCGStats, GraphEntryStats
 
-__all__ += [
+__version__ = "0.1.0"
+
+__all__ = [
     "AccelerationError",
     "BCGCaptureWarning",
     "BCGConfig",
@@ -51,9 +29,12 @@ __all__ += [
     "GraphEntryStats",
     "KNOWN_TRANSFORMERS",
     "UnknownTransformerError",
+    "__version__",
     "accelerate_pipeline",
     "accelerate_transformer",
     "clear_graphs",
+    "eager_on_graph",
+    "get_current_replay_token",
     "get_stats",
     "is_accelerated",
     "remove_acceleration",

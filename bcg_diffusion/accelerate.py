@@ -1,13 +1,15 @@
 """``accelerate_pipeline`` / ``accelerate_transformer`` / ``remove_acceleration``.
 
-Everything done to a model is recorded in an :class:`_Acceleration` stored on it, whose
-``undo`` restores the original forward exactly and releases every global patch.
+Everything done to a model is local to it: a ``bcg_graphs`` diffusers hook at the bottom of the
+transformer's hook chain (the graph runner), the interceptors of its hooked submodules, and
+reference-counted attention-break patches; an :class:`_Acceleration` record stored on the module
+undoes all of it. A pipeline carries no state of its own: it is accelerated when its transformer
+components are, so pipelines sharing components (``from_pipe``) share the acceleration.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -15,31 +17,34 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks, fingerprint
+from . import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
+from .errors import AccelerationError
 from .families import transformer_info
+from .model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
 from .runner import GraphRunner
 from .stats import BCGStats, GraphEntryStats
 
 logger = logging.getLogger("bcg_diffusion")
 
 _ATTR = "_bcg_acceleration"
-_MISSING = object()
+GRAPHS_HOOK = "bcg_graphs"
 _warned: set[str] = set()
 
-
-class AccelerationError(RuntimeError):
-    """Acceleration cannot be applied as asked; the message says what to change."""
+__all__ = ["AccelerationError"]
 
 
 @dataclass
 class _Acceleration:
-    runners: list[GraphRunner] = field(default_factory=list)
+    runner: GraphRunner
     undos: list[Callable[[], None]] = field(default_factory=list)
 
     def undo(self) -> None:
         while self.undos:
             self.undos.pop()()
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        raise AccelerationError(DEEPCOPY_MESSAGE)
 
 
 def _warn_once(message: str) -> None:
@@ -66,78 +71,18 @@ def _disabled_reason() -> str | None:
     return None
 
 
-def _check_composable(module: torch.nn.Module, owner: str) -> None:
-    if getattr(module, "_hf_hook", None) is not None:
-        raise AccelerationError(
-            f"{owner} has accelerate offload hooks (enable_model_cpu_offload / enable_sequential_cpu_offload / "
-            "device_map): weights move between CPU and GPU per call, which a CUDA graph cannot replay. "
-            "Turn offloading off (keep the transformer on the GPU) before accelerate_pipeline."
-        )
-    registry = getattr(module, "_diffusers_hook", None)
-    hooks = getattr(registry, "hooks", {}) or {}
-    blocked = [name for name in hooks if "offload" in name or "cache" in name or "fbc" in name]
-    if blocked:
-        raise AccelerationError(
-            f"{owner} has diffusers hooks {blocked} (group offloading or caching hooks read values on the host "
-            "per call and cannot be captured). Disable them (e.g. disable_cache()) before accelerate_pipeline."
-        )
-    compiled = getattr(module, "_orig_mod", None)
-    if compiled is not None:
-        raise AccelerationError(
-            f"{owner} is a whole-model torch.compile wrapper; accelerate the original module and compile its "
-            "blocks (compile_repeated_blocks) instead."
-        )
-
-
-def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = None) -> torch.nn.Module:
-    """Make ``module``'s calls replay breakable CUDA graphs; returns ``module``.
-
-    Needs a known transformer class (or ``config.allow_unknown``) on a CUDA device. Without CUDA,
-    or with ``BCG_DIFFUSION=0``, it is a no-op with one warning. Raises
-    :class:`AccelerationError` when ``module`` is already accelerated or cannot compose (offload).
-    """
-    config = _checked_config(config)
+def _check_module(module: Any) -> torch.nn.Module:
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"accelerate_transformer needs a torch.nn.Module, got {type(module).__name__}")
-    reason = _disabled_reason()
-    if reason is not None:
-        _warn_once(reason)
-        return module
-    if getattr(module, _ATTR, None) is not None:
-        raise AccelerationError(
-            f"{type(module).__name__} is already accelerated; call remove_acceleration() first to change the config"
+        raise TypeError(
+            f"accelerate_transformer needs a torch.nn.Module (a diffusers transformer), got {type(module).__name__}; "
+            "use accelerate_pipeline for a pipeline"
         )
-    info = transformer_info(module, config.allow_unknown)
-    _check_composable(module, type(module).__name__)
-    acceleration = _Acceleration()
-    try:
-        _attach(module, config, info, acceleration)
-    except BaseException:
-        acceleration.undo()
-        raise
-    setattr(module, _ATTR, acceleration)
+    if getattr(module, "_orig_mod", None) is not None:
+        raise AccelerationError(
+            f"{type(module).__name__} is a whole-model torch.compile wrapper; accelerate the original module and "
+            "compile its blocks (compile_repeated_blocks) instead."
+        )
     return module
-
-
-def _attach(module: torch.nn.Module, config: BCGConfig, info: Any, acceleration: _Acceleration) -> None:
-    previous = module.__dict__.get("forward", _MISSING)
-    if config.check_weights == "auto":
-        config = dataclasses.replace(config, check_weights="every_call")
-    runner = GraphRunner(module, module.forward, config, info)
-    acceleration.runners.append(runner)
-    acceleration.undos.append(runner.close)
-    fingerprint.acquire_registration_hooks()
-    acceleration.undos.append(fingerprint.release_registration_hooks)
-    acceleration.undos.append(attention_breaks.install(module, info.eager_functions))
-    module.forward = runner
-
-    def restore_forward() -> None:
-        if previous is _MISSING:
-            module.__dict__.pop("forward", None)
-        else:
-            module.forward = previous
-
-    acceleration.undos.append(restore_forward)
 
 
 def _transformers_of(pipe: Any) -> list[tuple[str, torch.nn.Module]]:
@@ -157,31 +102,73 @@ def _transformers_of(pipe: Any) -> list[tuple[str, torch.nn.Module]]:
     return found
 
 
+def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = None) -> torch.nn.Module:
+    """Make ``module``'s calls replay breakable CUDA graphs; returns ``module``.
+
+    Needs a known transformer class (or ``config.allow_unknown``) on a CUDA device. Without CUDA,
+    or with ``BCG_DIFFUSION=0``, it is a no-op with one warning (arguments are checked first, on
+    every machine). Raises :class:`AccelerationError` when ``module`` is already accelerated or
+    carries something a replay cannot reproduce (offloading, layerwise casting, ...).
+    """
+    module = _check_module(module)
+    config = _checked_config(config)
+    reason = _disabled_reason()
+    if reason is not None:
+        _warn_once(reason)
+        return module
+    if module.__dict__.get(_ATTR) is not None:
+        raise AccelerationError(
+            f"{type(module).__name__} is already accelerated; call remove_acceleration() first to change the config"
+        )
+    info = transformer_info(module, config.allow_unknown)
+    if config.check_weights == "auto":
+        config = dataclasses.replace(config, check_weights="every_call")
+    runner = GraphRunner(module, config, info)
+    acceleration = _Acceleration(runner)
+    acceleration.undos.append(runner.close)
+    try:
+        fingerprint.acquire_registration_hooks()
+        acceleration.undos.append(fingerprint.release_registration_hooks)
+        hook = ForwardHook(runner.bind, stateful_reset=runner.on_pipeline_call_end)
+        insert_innermost(module, hook, GRAPHS_HOOK)
+        acceleration.undos.append(lambda: remove_exactly(module, GRAPHS_HOOK))
+        runner._follow_structure()  # refusals (offloading, casting) raise here, not at the first call
+    except BaseException:
+        acceleration.undo()
+        raise
+    module.__dict__[_ATTR] = acceleration
+    return module
+
+
 def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
     """Accelerate every transformer of a diffusers pipeline (``transformer``, ``transformer_2``).
 
-    Returns ``pipe``. A second call raises :class:`AccelerationError`; ``remove_acceleration``
-    undoes it. Offloaded pipelines raise with what to turn off. Without CUDA, or with
-    ``BCG_DIFFUSION=0``, a no-op with one warning.
+    Returns ``pipe``. Raises :class:`AccelerationError` if a transformer is already accelerated
+    (``remove_acceleration`` undoes it) or the pipeline offloads models. Without CUDA, or with
+    ``BCG_DIFFUSION=0``, a no-op with one warning (arguments are checked first, on every machine).
+    Weights and model structure are re-read once per pipeline call (at its end, through diffusers'
+    ``maybe_free_model_hooks``), for every pipeline sharing the transformer.
     """
+    transformers = _transformers_of(pipe)
     config = _checked_config(config)
     reason = _disabled_reason()
     if reason is not None:
         _warn_once(reason)
         return pipe
-    if getattr(pipe, _ATTR, None) is not None:
+    accelerated = [name for name, module in transformers if module.__dict__.get(_ATTR) is not None]
+    if accelerated:
         raise AccelerationError(
-            f"this {type(pipe).__name__} is already accelerated; call remove_acceleration(pipe) first"
+            f"this {type(pipe).__name__} is already accelerated ({', '.join(accelerated)}); call "
+            "remove_acceleration(pipe) first"
         )
     if getattr(pipe, "_offload_gpu_id", None) is not None and getattr(pipe, "_all_hooks", None):
         raise AccelerationError(
             f"{type(pipe).__name__} has model CPU offload enabled: the transformer moves between CPU and GPU per "
             "call, which a CUDA graph cannot replay. Call pipe.remove_all_hooks() and pipe.to('cuda') first."
         )
-    transformers = _transformers_of(pipe)
-    for name, module in transformers:
+    for _, module in transformers:
         transformer_info(module, config.allow_unknown)
-        _check_composable(module, f"pipe.{name}")
+        _check_module(module)
     if config.check_weights == "auto":
         config = dataclasses.replace(config, check_weights="per_pipeline_call")
     done: list[torch.nn.Module] = []
@@ -193,37 +180,7 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
         for module in done:
             _remove_from_module(module)
         raise
-    setattr(pipe, _ATTR, [m for _, m in transformers])
-    _wrap_pipeline_call(pipe)
     return pipe
-
-
-_call_wrappers: dict[type, type] = {}
-
-
-def _wrap_pipeline_call(pipe: Any) -> None:
-    """Give ``pipe`` a same-named subclass whose ``__call__`` first invalidates the weight
-    fingerprints (so weights are checked once per pipeline call); undone by restoring the class."""
-    cls = type(pipe)
-    wrapper = _call_wrappers.get(cls)
-    if wrapper is None:
-        original_call = cls.__call__
-
-        @functools.wraps(original_call)  # keeps inspect.signature(pipe.__call__) and the docstring
-        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            for runner in _runners(self):
-                runner.fingerprint.invalidate()
-            return original_call(self, *args, **kwargs)
-
-        wrapper = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__, "_bcg_wrapped_class": cls})
-        _call_wrappers[cls] = wrapper
-    pipe.__class__ = wrapper
-
-
-def _unwrap_pipeline_call(pipe: Any) -> None:
-    original = type(pipe).__dict__.get("_bcg_wrapped_class")
-    if original is not None:
-        pipe.__class__ = original
 
 
 def _remove_from_module(module: torch.nn.Module) -> bool:
@@ -235,24 +192,33 @@ def _remove_from_module(module: torch.nn.Module) -> bool:
 
 
 def remove_acceleration(obj: Any) -> Any:
-    """Undo :func:`accelerate_pipeline` or :func:`accelerate_transformer`: the original forward is
-    restored exactly, graphs are freed and global patches released. Returns ``obj``. A no-op on
-    something not accelerated."""
-    modules = obj.__dict__.pop(_ATTR, None) if not isinstance(obj, torch.nn.Module) else None
+    """Undo :func:`accelerate_pipeline` or :func:`accelerate_transformer`: graphs are freed, every
+    hook and patch is removed (hooks others registered meanwhile stay), the original forward runs
+    again. Returns ``obj``. A no-op for a pipeline or module that is not accelerated; a
+    ``TypeError`` for anything else. On a pipeline it acts on its transformer components, so
+    pipelines sharing them (``from_pipe``) are all affected."""
     if isinstance(obj, torch.nn.Module):
         _remove_from_module(obj)
-    elif modules is not None:
-        _unwrap_pipeline_call(obj)
-    for module in modules or []:
-        _remove_from_module(module)
+        return obj
+    components = getattr(obj, "components", None)
+    if not isinstance(components, dict):
+        raise TypeError(
+            f"remove_acceleration needs a diffusers pipeline or a torch.nn.Module, got {type(obj).__name__}"
+        )
+    for component in components.values():
+        if isinstance(component, torch.nn.Module):
+            _remove_from_module(component)
     return obj
 
 
 def _runners(obj: Any) -> list[GraphRunner]:
     if isinstance(obj, torch.nn.Module):
         acceleration = obj.__dict__.get(_ATTR)
-        return list(acceleration.runners) if acceleration is not None else []
-    return [r for m in getattr(obj, _ATTR, None) or [] for r in _runners(m)]
+        return [acceleration.runner] if acceleration is not None else []
+    components = getattr(obj, "components", None)
+    if not isinstance(components, dict):
+        return []
+    return [r for c in components.values() if isinstance(c, torch.nn.Module) for r in _runners(c)]
 
 
 def is_accelerated(obj: Any) -> bool:
@@ -281,6 +247,7 @@ def get_stats(obj: Any) -> BCGStats | None:
                     eager_modules=tuple(entry.eager_modules),
                 )
             )
+    passes = [r.cache_passes() for r in runners]
     return BCGStats(
         transformer=", ".join(type(r.module).__name__ for r in runners),
         debug=any(r.config.debug for r in runners),
@@ -291,6 +258,9 @@ def get_stats(obj: Any) -> BCGStats | None:
         capture_time_s=sum(e.capture_time_s for e in entries),
         graph_memory_bytes=sum(e.memory_bytes for e in entries),
         entries=tuple(entries),
+        structure_changes=sum(r.structure_changes for r in runners),
+        hooked_module_calls=sum(c for c, _ in passes),
+        hooked_module_computed=sum(d for _, d in passes),
     )
 
 

@@ -16,24 +16,22 @@ the same layout as eager and pick the same kernels, and the pool reuses the memo
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-from .capture import eager_on_graph
+from . import attention_layouts
+from .core.capture import eager_on_graph
 
 _DISPATCH_NAME = "dispatch_attention_fn"
 _lock = threading.Lock()
 _patches: dict[tuple[str, str], "_Patch"] = {}
 
-_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("bcg_attn_record", default=None)
-_PLAN: contextvars.ContextVar["_LayoutPlan | None"] = contextvars.ContextVar("bcg_attn_plan", default=None)
 _IN_ATTENTION: contextvars.ContextVar[bool] = contextvars.ContextVar("bcg_in_attention", default=False)
 
 
@@ -45,44 +43,6 @@ class _Patch:
     refcount: int
 
 
-@dataclass(frozen=True)
-class _Layout:
-    query_shape: tuple
-    out: Any  # (shape, stride, dtype, device) or a tuple of those
-
-
-class _LayoutPlan:
-    """Recorded output layouts, handed out in call order during capture."""
-
-    def __init__(self, layouts: list[_Layout]) -> None:
-        self._layouts = layouts
-        self._cursor = 0
-
-    def next_for(self, query: Any) -> _Layout | None:
-        if self._cursor >= len(self._layouts):
-            return None
-        layout = self._layouts[self._cursor]
-        self._cursor += 1
-        if not isinstance(query, torch.Tensor) or tuple(query.shape) != layout.query_shape:
-            return None
-        return layout
-
-
-def _layout_of(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return (tuple(out.shape), out.stride(), out.dtype, out.device)
-    if isinstance(out, tuple):
-        return tuple(_layout_of(o) for o in out)
-    return None
-
-
-def _allocate(layout: Any) -> Any:
-    if isinstance(layout, tuple) and len(layout) == 4 and isinstance(layout[2], torch.dtype):
-        shape, stride, dtype, device = layout
-        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    return tuple(_allocate(part) for part in layout)
-
-
 def _make_break(original: Callable) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         if _IN_ATTENTION.get():
@@ -92,19 +52,11 @@ def _make_break(original: Callable) -> Callable:
             out = original(*args, **kwargs)
         finally:
             _IN_ATTENTION.reset(token)
-        record = _RECORD.get()
-        if record is not None:
-            query = args[0] if args else kwargs.get("query")
-            record.append(_Layout(tuple(query.shape) if isinstance(query, torch.Tensor) else (), _layout_of(out)))
+        attention_layouts.record(args[0] if args else kwargs.get("query"), out)
         return out
 
     def capture_allocator(*args: Any, **kwargs: Any) -> Any:
-        plan = _PLAN.get()
-        query = args[0] if args else kwargs.get("query")
-        layout = plan.next_for(query) if plan is not None else None
-        if layout is None or layout.out is None:
-            return None  # no recorded layout: the kernel runs once at capture (normal break)
-        return _allocate(layout.out)
+        return attention_layouts.allocate_planned(args[0] if args else kwargs.get("query"))
 
     functools.update_wrapper(run, original)
     wrapped = eager_on_graph(capture_allocator=capture_allocator)(run)
@@ -188,24 +140,3 @@ def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ())
 def installed_patches() -> list[tuple[str, str]]:
     """(module, attribute) pairs currently patched (for tests and introspection)."""
     return sorted(_patches)
-
-
-@contextlib.contextmanager
-def recording_layouts() -> Iterator[list]:
-    """Record the output layout of every attention call made in the block (warm-up)."""
-    layouts: list = []
-    token = _RECORD.set(layouts)
-    try:
-        yield layouts
-    finally:
-        _RECORD.reset(token)
-
-
-@contextlib.contextmanager
-def using_layouts(layouts: list | None) -> Iterator[None]:
-    """During capture, allocate attention outputs from ``layouts`` instead of running the kernel."""
-    token = _PLAN.set(_LayoutPlan(layouts) if layouts else None)
-    try:
-        yield
-    finally:
-        _PLAN.reset(token)

@@ -1,7 +1,8 @@
 """Fingerprint of a module's weights, so that a changed weight never replays a stale graph.
 
 The fingerprint covers, for every parameter and buffer, its address and its version counter
-(bumped by in-place writes such as ``load_state_dict``), and the state of PEFT/LoRA layers
+(bumped by in-place writes such as ``load_state_dict``; for wrapper tensor subclasses such as
+torchao's quantized weights, those of the inner tensors that hold the data), and the state of PEFT/LoRA layers
 (scaling, active and merged adapters, disabled flag). Parameter lists are re-read only when a
 module anywhere registers a parameter, buffer or submodule (global torch registration hooks,
 installed while at least one transformer is accelerated), which is what loading or unloading
@@ -28,6 +29,12 @@ _version_of = operator.attrgetter("_version")
 def _bump(*_: Any) -> None:
     global _epoch
     _epoch += 1
+
+
+def registration_epoch() -> int:
+    """Bumped whenever any module anywhere registers a parameter, buffer or submodule (while hooks
+    are installed)."""
+    return _epoch
 
 
 def acquire_registration_hooks() -> None:
@@ -65,6 +72,7 @@ class WeightsFingerprint:
         self._module = module
         self._epoch = -1
         self._tensors: list[torch.Tensor] = []
+        self._wrappers: list[torch.Tensor] = []
         self._adapters: list[Any] = []
         self.every_call = every_call
         self._cached: tuple | None = None
@@ -82,18 +90,31 @@ class WeightsFingerprint:
 
     def _refresh(self) -> None:
         module = self._module
-        self._tensors = [p for p in module.parameters()] + [b for b in module.buffers()]
+        owned = [p for p in module.parameters()] + [b for b in module.buffers()]
+        self._tensors = [t for t in owned if getattr(type(t), "__tensor_flatten__", None) is None]
+        self._wrappers = [t for t in owned if getattr(type(t), "__tensor_flatten__", None) is not None]
         self._adapters = [m for m in module.modules() if isinstance(getattr(m, "scaling", None), dict)]
         self._epoch = _epoch
 
     def compute(self) -> tuple:
-        if self._epoch != _epoch or not self._tensors:
+        if self._epoch != _epoch or not (self._tensors or self._wrappers):
             self._refresh()
-        tensors = self._tensors
+        # wrapper subclasses are expanded on every computation: their inner tensors can be replaced
+        tensors = self._tensors + [leaf for w in self._wrappers for leaf in storage_tensors(w)]
         ptrs = tuple(map(torch.Tensor.data_ptr, tensors))
         versions = sum(map(_version_of, tensors))
         adapters = tuple(_adapter_state(m) for m in self._adapters)
         return (len(tensors), hash(ptrs), versions, adapters)
+
+
+def storage_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold ``t``'s data: ``t`` itself, or, for a wrapper tensor subclass
+    (torchao's quantized weights, whose own ``data_ptr()`` is 0), its inner tensors, recursively."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is None:
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [leaf for name in names for leaf in storage_tensors(getattr(t, name))]
 
 
 def _adapter_state(layer: Any) -> tuple:

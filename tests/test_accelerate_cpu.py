@@ -8,7 +8,7 @@ import torch
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
 from bcg_diffusion import attention_breaks, fingerprint
-from bcg_diffusion.descriptor import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.keys import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
 from bcg_diffusion.families import TransformerInfo
 from bcg_diffusion.text_buckets import bucket_for, pad_text_to_bucket
 
@@ -229,37 +229,13 @@ def test_not_a_pipeline():
         acc._transformers_of(object())
 
 
-class CallablePipe(FakePipe):
-    def __call__(self, x):
-        return self.transformer(x)
-
-
-def test_pipeline_call_checks_weights_once_and_class_is_restored(pretend_cuda):
-    pipe = CallablePipe()
-    bcg.accelerate_pipeline(pipe)
-    assert type(pipe).__name__ == "CallablePipe" and isinstance(pipe, CallablePipe) and type(pipe) is not CallablePipe
-    import inspect
-
-    assert list(inspect.signature(pipe.__call__).parameters) == ["x"]
-    runner = acc._runners(pipe)[0]
-    assert not runner.fingerprint.every_call
-    first = runner.fingerprint.current()
-    with torch.no_grad():
-        pipe.transformer.transformer_blocks[0].weight.add_(1)
-    assert runner.fingerprint.current() == first  # cached within one pipeline call
-    pipe(torch.randn(3, 4))  # a new pipeline call invalidates the cache
-    assert runner.fingerprint.current() != first
-    bcg.remove_acceleration(pipe)
-    assert type(pipe) is CallablePipe
-
-
 def test_bare_transformer_checks_weights_every_call(pretend_cuda):
     model = bcg.accelerate_transformer(FluxTransformer2DModel())
     runner = acc._runners(model)[0]
-    first = runner.fingerprint.current()
+    first = runner.state.weights.current()
     with torch.no_grad():
         model.transformer_blocks[0].weight.add_(1)
-    assert runner.fingerprint.current() != first
+    assert runner.state.weights.current() != first
     bcg.remove_acceleration(model)
 
 
@@ -286,3 +262,35 @@ def test_config_must_be_a_bcgconfig():
         bcg.accelerate_pipeline(FakePipe(), {"debug": True})
     with pytest.raises(TypeError, match="must be a bcg_diffusion.BCGConfig, got dict"):
         bcg.accelerate_transformer(FluxTransformer2DModel(), {"debug": True})
+
+
+def test_fingerprint_looks_through_wrapper_tensor_subclasses():
+    class Wrapped(torch.Tensor):
+        """A minimal wrapper subclass like torchao's: data in inner tensors, data_ptr() of the wrapper is 0."""
+
+        @staticmethod
+        def __new__(cls, qdata, scale):
+            return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=torch.float32)
+
+        def __init__(self, qdata, scale):
+            self.qdata, self.scale = qdata, scale
+
+        def __tensor_flatten__(self):
+            return ["qdata", "scale"], None
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError(func)
+
+    qdata, scale = torch.zeros(4, 4, dtype=torch.int8), torch.ones(1)
+    weight = Wrapped(qdata, scale)
+    assert fingerprint.storage_tensors(weight) == [qdata, scale]
+    model = torch.nn.Module()
+    model.register_buffer("weight", weight)
+    fp = fingerprint.WeightsFingerprint(model)
+    first = fp.compute()
+    qdata.add_(1)  # an in-place write to the inner data
+    assert fp.compute() != first
+    requantized = fp.compute()
+    model.weight.scale = torch.full((1,), 2.0)  # a new inner tensor (re-quantized)
+    assert fp.compute() != requantized

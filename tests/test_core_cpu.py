@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-import bcg_diffusion as bcg
-from bcg_diffusion import _cudart, side_streams
-from bcg_diffusion.boxing import box_tuple, unbox_tuple
+import bcg_diffusion.core as bcg
+from bcg_diffusion.core import _cudart, side_streams
+from bcg_diffusion.core.boxing import box_tuple, unbox_tuple
 
 
 def test_eager_on_graph_is_a_plain_call_outside_capture():
@@ -271,3 +271,48 @@ def test_capture_state_is_per_thread():
         t.join()
         assert bcg.is_capturing_breakable()
     assert seen == [False]
+
+
+def _hooked_setup(device):
+    from bcg_diffusion.core.hooked_calls import CapturedBody, hooked_call
+
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, device=device)
+    state = {"n": 0, "kept": None}
+
+    def body_fn(x):
+        return torch.tanh(x @ w) + 1
+
+    body = CapturedBody(body_fn, "body")
+
+    def chain(x):  # a step cache: computes on odd calls, reuses (scaled) on even ones
+        state["n"] += 1
+        if state["n"] % 2 == 1:
+            state["kept"] = body(x)
+            return state["kept"]
+        return state["kept"] * 2
+
+    def f(x):
+        return hooked_call(chain, body, (x * 3,), {}, fresh_outputs=True) - 1
+
+    return f, body, body_fn, state
+
+
+def test_hooked_call_in_debug_mode_runs_hooks_once_per_call_and_not_at_capture():
+    f, body, body_fn, state = _hooked_setup("cpu")
+    x = torch.randn(4, 8)
+    graph = bcg.BreakableCUDAGraph()
+    with bcg.BreakableCUDAGraphCapture(graph, debug=True):
+        f(x)
+    assert state["n"] == 0 and graph.num_breaks == 1  # the capture pass ran the body only
+    kept = None
+    for n in range(1, 5):
+        x = torch.randn(4, 8)
+        with bcg.BreakableCUDAGraphCapture(graph, debug=True):
+            out = f(x)
+        if n % 2 == 1:
+            kept = body_fn(x * 3)
+            assert torch.equal(out, kept - 1)
+        else:
+            assert torch.equal(out, kept * 2 - 1)
+    assert state["n"] == 4

@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-import bcg_diffusion as bcg
-from bcg_diffusion import _cudart, side_streams
+import bcg_diffusion.core as bcg
+from bcg_diffusion.core import _cudart, side_streams
 
 pytestmark = pytest.mark.gpu
 
@@ -345,7 +345,7 @@ def test_pool_allocated_bridges_do_not_accumulate():
 
 
 _WORKSPACE_CHILD = r"""
-import torch, bcg_diffusion as bcg
+import torch, bcg_diffusion.core as bcg
 torch.manual_seed(0)
 w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
 b = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
@@ -389,3 +389,41 @@ def test_replay_survives_cleared_cublas_workspaces():
     proc = subprocess.run([sys.executable, "-c", _WORKSPACE_CHILD], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "RESULT True True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_hooked_call_replays_the_body_only_when_the_hooks_compute_it():
+    from bcg_diffusion.core.hooked_calls import CapturedBody, hooked_call
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, device=DEV)
+    state = {"n": 0, "kept": None}
+
+    def body_fn(x):
+        return torch.tanh(x @ w) + 1
+
+    body = CapturedBody(body_fn, "body")
+
+    def chain(x):  # computes on odd calls and keeps the result; reuses it (scaled) on even calls
+        state["n"] += 1
+        if state["n"] % 2 == 1:
+            state["kept"] = body(x)
+            return state["kept"]
+        return state["kept"] * 2
+
+    def f(x):
+        return hooked_call(chain, body, (x * 3,), {}, fresh_outputs=True) - 1
+
+    x = torch.randn(32, 64, device=DEV)
+    graph, out = _capture(f, x)
+    assert state["n"] == 0 and graph.num_breaks == 1
+    kept = None
+    for n in range(1, 7):
+        x.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        if n % 2 == 1:
+            kept = body_fn(x * 3)
+            assert torch.equal(out, kept - 1)
+        else:
+            assert torch.equal(out, kept * 2 - 1)
+    assert (body.calls, body.computed, state["n"]) == (6, 3, 6)

@@ -58,7 +58,7 @@ class _DebugBridges:
 
 
 class BreakableCUDAGraph:
-    """Captured CUDA graph segments and the eager callables between them.
+    """Captured CUDA graph segments and the eager steps between them (breaks and hooked calls).
 
     Fill it with :class:`~bcg_diffusion.BreakableCUDAGraphCapture`; then :meth:`replay` runs
     ``segment, break, segment, ...`` on the current stream, inside a fresh replay token scope.
@@ -96,7 +96,7 @@ class BreakableCUDAGraph:
         """Eager breaks between segments."""
         if self._debug is not None:
             return len(self._debug.outputs)
-        return sum(isinstance(s, _EagerBreak) for s in self._steps)
+        return sum(not isinstance(s, _Segment) for s in self._steps)
 
     @property
     def is_debug(self) -> bool:
@@ -107,7 +107,7 @@ class BreakableCUDAGraph:
     def break_names(self) -> list[str]:
         if self._debug is not None:
             return list(self._debug.names)
-        return [s.name for s in self._steps if isinstance(s, _EagerBreak)]
+        return [s.name for s in self._steps if not isinstance(s, _Segment)]
 
     def __repr__(self) -> str:
         detail = f", failure={self._failure!r}" if self._failure else ""
@@ -171,8 +171,14 @@ class BreakableCUDAGraph:
     def _retain(self, segment: torch.cuda.CUDAGraph) -> None:
         self._retained.append(segment)
 
-    def _add_break(self, step: _EagerBreak) -> None:
+    def _add_break(self, step: Any) -> None:
+        """A non-segment step: anything with ``run()`` and ``name`` (an eager break, a hooked call)."""
         self._steps.append(step)
+
+    def _debug_first_pass(self) -> bool:
+        """Debug mode: True while the first (capturing) pass records the bridges."""
+        bridges = self._debug
+        return bridges is not None and bridges.cursor == len(bridges.outputs)
 
     def _debug_bridge(self, name: str, result: Any) -> Any:
         """Debug mode: first pass keeps ``result`` as bridge buffer; later passes copy into it."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .tree import tree_map
+
 logger = logging.getLogger(__name__)
 
 
@@ -85,17 +87,14 @@ class PoolMembership:
         self._starts = [a for a, _ in ranges]
         self._ends = [b for _, b in ranges]
 
+
 def detach_from_pool(value: Any, membership: PoolMembership) -> Any:
-    """Copy the containers of ``value`` (tuples, lists, dicts), replacing CUDA tensors that live in
-    the pool by non-owning views. Other objects are kept as they are (held strongly)."""
-    if isinstance(value, torch.Tensor):
-        if value.is_cuda and type(value) is torch.Tensor and membership.contains(value.untyped_storage().data_ptr()):
-            return non_owning_view(value)
-        return value
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(detach_from_pool(v, membership) for v in value)
-    if isinstance(value, list):
-        return [detach_from_pool(v, membership) for v in value]
-    if isinstance(value, dict) and type(value) is dict:
-        return {k: detach_from_pool(v, membership) for k, v in value.items()}
-    return value
+    """``value`` with its containers copied and every CUDA tensor that lives in the pool replaced
+    by a non-owning view. Other objects are kept as they are (held strongly)."""
+
+    def detach(t: torch.Tensor) -> torch.Tensor:
+        if t.is_cuda and type(t) is torch.Tensor and membership.contains(t.untyped_storage().data_ptr()):
+            return non_owning_view(t)
+        return t
+
+    return tree_map(detach, value)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 
 class _BCGBoxedTupleOutput:
@@ -57,16 +56,3 @@ def box_tuple(value: Any) -> Any:
 def unbox_tuple(value: Any) -> Any:
     """Inverse of :func:`box_tuple`."""
     return value.astuple() if isinstance(value, _BCGBoxedTupleOutput) else value
-
-
-def returns_boxed_tuples_under_capture(fn: Callable) -> Callable:
-    """Wrap ``fn`` so that it returns a boxed tuple while a breakable capture is active in this
-    context, and its plain result otherwise."""
-    from .capture import is_capturing_breakable
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        out = fn(*args, **kwargs)
-        return box_tuple(out) if is_capturing_breakable() else out
-
-    return wrapper

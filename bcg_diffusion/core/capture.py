@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import logging
@@ -13,8 +14,10 @@ import torch
 from . import _cudart, side_streams
 from .boxing import box_tuple, unbox_tuple
 from .graph import BreakableCUDAGraph, GraphState, _EagerBreak
+from .hooked_calls import CapturedBody, HookedCallStep, argument_signature, bypassing_hooks
 from .nonowning import PoolMembership, detach_from_pool, non_owning_view
 from .replay_token import no_replay_token
+from .tree import tree_map
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ def is_capturing_breakable() -> bool:
 class _CaptureState:
     """Per-capture state: the open segment, the capture stream, forks, the pool."""
 
-    def __init__(self, graph: BreakableCUDAGraph, pool: Any, stream: Any, mode: str, debug: bool) -> None:
+    def __init__(self, graph: BreakableCUDAGraph, pool: Any, stream: Any, mode: str, debug: bool, parent: "_CaptureState | None" = None) -> None:
         self.graph = graph
         self.pool = pool
         self.stream = stream
@@ -38,8 +41,11 @@ class _CaptureState:
         self.debug = debug
         self.segment: torch.cuda.CUDAGraph | None = None
         self.in_break = False
-        self.tracker = side_streams.ForkTracker(stream) if stream is not None else None
-        self.membership = PoolMembership(pool, stream.device) if stream is not None else None
+        if parent is not None:  # a body sub-graph: same stream, forks and pool as the enclosing capture
+            self.tracker, self.membership = parent.tracker, parent.membership
+        else:
+            self.tracker = side_streams.ForkTracker(stream) if stream is not None else None
+            self.membership = PoolMembership(pool, stream.device) if stream is not None else None
         self._to_refork: list = []
 
     def begin_segment(self) -> None:
@@ -81,9 +87,11 @@ class _CaptureState:
         if self.in_break:  # a break called from inside a break is a plain call
             return fn(*args, **kwargs)
         if self.debug:
+            first_pass = self.graph._debug_first_pass()
             self.in_break = True
             try:
-                result = fn(*args, **kwargs)
+                with bypassing_hooks() if first_pass else contextlib.nullcontext():
+                    result = fn(*args, **kwargs)
             finally:
                 self.in_break = False
             return unbox_tuple(self.graph._debug_bridge(name, result))
@@ -93,11 +101,12 @@ class _CaptureState:
         self.end_segment()
         if pooled is not None:
             result = pooled
-            bridge = box_tuple(_non_owning(pooled))
+            bridge = box_tuple(tree_map(non_owning_view, pooled))
         else:
             self.in_break = True
             try:
-                result = (capture_stub or fn)(*args, **kwargs)
+                with bypassing_hooks():  # capture runs on placeholders: hook state must not advance
+                    result = (capture_stub or fn)(*args, **kwargs)
             finally:
                 self.in_break = False
             bridge = box_tuple(result)
@@ -113,6 +122,70 @@ class _CaptureState:
         self.begin_segment()
         return result
 
+    def run_hooked(
+        self,
+        chain: Callable,
+        body: CapturedBody,
+        args: tuple,
+        kwargs: dict,
+        *,
+        fresh_outputs: bool,
+        retain_args: bool,
+        replay_body: bool,
+    ) -> Any:
+        """A hooked call under capture (see :mod:`.hooked_calls`): capture the body as a sub-graph
+        of this capture (same pool and stream) and record a step that runs the chain at replay."""
+        if self.in_break:
+            return chain(*args, **kwargs)
+        name = body.name
+        if self.debug:
+            first_pass = self.graph._debug_first_pass()
+            self.in_break = True
+            try:
+                # the first (capturing) pass must not advance hook state: it runs the body alone
+                if first_pass:
+                    with bypassing_hooks():
+                        result = body.fn(*args, **kwargs)
+                else:
+                    result = chain(*args, **kwargs)
+            finally:
+                self.in_break = False
+            return unbox_tuple(self.graph._debug_bridge(name, result))
+        self.end_segment()
+        sub = BreakableCUDAGraph()
+        sub._begin(self.pool, self.stream.device, debug=False)
+        sub_state = _CaptureState(sub, self.pool, self.stream, self.mode, debug=False, parent=self)
+        token = _CAPTURE.set(sub_state)
+        try:
+            sub_state.begin_segment()
+            outputs = body.fn(*args, **kwargs)
+            sub_state.end_segment()
+            sub._finish()
+        except BaseException as exc:
+            sub_state.abort()
+            sub._fail(f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            _CAPTURE.reset(token)
+        keep = (lambda v: v) if retain_args else (lambda v: detach_from_pool(v, self.membership))
+        self.graph._add_break(
+            HookedCallStep(
+                chain=chain,
+                body=body,
+                sub=sub,
+                args=keep(args),
+                kwargs=keep(kwargs),
+                signature=argument_signature(args, kwargs),
+                output=box_tuple(outputs),
+                body_outputs=outputs,
+                name=name,
+                fresh_outputs=fresh_outputs,
+                replay_body=replay_body,
+            )
+        )
+        self.begin_segment()
+        return outputs
+
     def abort(self) -> None:
         """End an open segment after a failure so that no stream is left capturing."""
         segment, self.segment = self.segment, None
@@ -120,23 +193,29 @@ class _CaptureState:
             self.tracker.join_all()
         if segment is None or self.stream is None:
             return
+        _end_failed_capture(segment, self.stream, self.pool)
+
+
+def _end_failed_capture(segment: torch.cuda.CUDAGraph, stream: Any, pool: Any) -> None:
+    """End ``segment``'s capture after a failure: no stream is left capturing, the pool is no
+    longer recorded to, and the generators no longer believe they are capturing."""
+    try:
+        segment.capture_end()
+        return
+    except Exception as exc:
+        logger.debug("capture_end after a failed capture raised: %s", exc)
+    # torch did not get to stop routing allocations to the pool; do it, and end the capture.
+    end_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end_pool is not None:
         try:
-            segment.capture_end()
-            return
+            end_pool(stream.device.index, pool)
         except Exception as exc:
-            logger.debug("capture_end after a failed capture raised: %s", exc)
-        # torch did not get to stop routing allocations to the pool; do it, and end the capture.
-        end_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)
-        if end_pool is not None:
-            try:
-                end_pool(self.stream.device.index, self.pool)
-            except Exception as exc:
-                logger.debug("endAllocateToPool: %s", exc)
-        try:
-            _cudart.abandon_capture(self.stream)
-        finally:
-            _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
-        _reset_generator_capture_state(self.stream.device)
+            logger.debug("endAllocateToPool: %s", exc)
+    try:
+        _cudart.abandon_capture(stream)
+    finally:
+        _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
+    _reset_generator_capture_state(stream.device)
 
 
 def _reset_generator_capture_state(device: torch.device) -> None:
@@ -173,7 +252,7 @@ def clear_blas_workspaces() -> None:
         clear()
 
 
-def _own_blas_workspace(pool: Any, mode: str) -> torch.cuda.CUDAGraph | None:
+def _own_blas_workspace(pool: Any, stream: Any, mode: str) -> torch.cuda.CUDAGraph:
     """Make the capture stream's cuBLAS workspace a block of ``pool``.
 
     Kernels captured into a graph write to the workspace cuBLAS was given at capture time. A
@@ -182,20 +261,23 @@ def _own_blas_workspace(pool: Any, mode: str) -> torch.cuda.CUDAGraph | None:
     the allocator and replays write into whatever reuses it, or fault once it is freed. So the
     cache is cleared and a tiny matmul is captured into the pool, where the new workspace is then
     allocated. Returns the tiny graph, which the caller must keep alive (it holds the pool's use
-    count), or ``None`` if the tiny capture failed (logged; the capture goes on as before).
+    count). A failure (another thread's device-wide synchronisation invalidates any capture) is
+    cleaned up and raised.
     """
     x = torch.ones(8, 8, device=torch.cuda.current_device())
     clear_blas_workspaces()
     tiny = torch.cuda.CUDAGraph()
+    tiny.capture_begin(pool=pool, capture_error_mode=mode)
     try:
-        tiny.capture_begin(pool=pool, capture_error_mode=mode)
-        try:
-            _blas_calls(x)
-        finally:
-            tiny.capture_end()
-    except Exception as exc:  # noqa: BLE001 - an optimisation of safety, not needed for the capture itself
-        logger.debug("could not place the cuBLAS workspace in the graph pool: %s", exc)
-        return None
+        _blas_calls(x)
+    except BaseException:
+        _end_failed_capture(tiny, stream, pool)
+        raise
+    try:
+        tiny.capture_end()
+    except BaseException:
+        _end_failed_capture(tiny, stream, pool)
+        raise
     return tiny
 
 
@@ -268,13 +350,16 @@ class BreakableCUDAGraphCapture:
         stream_ctx.__enter__()
         _init_library_handles()
         self._resets.append(lambda: stream_ctx.__exit__(None, None, None))
-        tiny = _own_blas_workspace(pool, self.capture_error_mode)
-        if tiny is not None:
-            self.graph._retain(tiny)
         # Afterwards no stream's cached workspace is a block of this pool, so eager matmuls never
         # write into memory the graph's kernels use (the graph keeps using its block).
         self._resets.append(clear_blas_workspaces)
         self._resets.append(lambda: current.wait_stream(stream))
+        try:
+            self.graph._retain(_own_blas_workspace(pool, stream, self.capture_error_mode))
+        except BaseException as exc:
+            self.graph._fail(f"{type(exc).__name__}: {exc}")
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         state = _CaptureState(self.graph, pool, stream, self.capture_error_mode, debug=False)
         self._activate(state)
         fork_token = side_streams.install(state.tracker)
@@ -318,14 +403,6 @@ class BreakableCUDAGraphCapture:
             while self._resets:
                 self._resets.pop()()
         return False
-
-
-def _non_owning(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return non_owning_view(value)
-    if isinstance(value, tuple):
-        return type(value)(_non_owning(v) for v in value)
-    return value
 
 
 def eager_on_graph(
@@ -382,3 +459,15 @@ _break = eager_on_graph(_no_work)
 def break_graph() -> None:
     """End the current segment and begin the next one, doing no work (a no-op outside capture)."""
     _break()
+
+
+def returns_boxed_tuples_under_capture(fn: Callable) -> Callable:
+    """Wrap ``fn`` so that it returns a boxed tuple while a breakable capture is active in this
+    context, and its plain result otherwise."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        return box_tuple(out) if is_capturing_breakable() else out
+
+    return wrapper

@@ -1,0 +1,43 @@
+"""The capture core: breakable CUDA graphs (segments with eager breaks between them).
+
+Depends on torch and cuda-bindings only (imported lazily, so this package imports without it).
+The diffusers integration in :mod:`bcg_diffusion` sits on top of it. See docs/capture-core.md.
+"""
+
+from ._cudart import CaptureStatus, CudaRuntimeError, check_cuda, stream_capture_status
+from .boxing import _BCGBoxedTupleOutput, box_tuple, unbox_tuple
+from .capture import (
+    BreakableCUDAGraphCapture,
+    break_graph,
+    clear_blas_workspaces,
+    eager_on_graph,
+    is_capturing_breakable,
+    returns_boxed_tuples_under_capture,
+)
+from .copy_back import BreakOutputMismatchError, copy_into
+from .graph import BreakableCUDAGraph, GraphState
+from .nonowning import non_owning_view
+from .replay_token import get_current_replay_token, replay_token_scope
+
+__all__ = [
+    "BreakableCUDAGraph",
+    "BreakableCUDAGraphCapture",
+    "BreakOutputMismatchError",
+    "CaptureStatus",
+    "CudaRuntimeError",
+    "GraphState",
+    "_BCGBoxedTupleOutput",
+    "box_tuple",
+    "break_graph",
+    "check_cuda",
+    "clear_blas_workspaces",
+    "copy_into",
+    "eager_on_graph",
+    "get_current_replay_token",
+    "is_capturing_breakable",
+    "non_owning_view",
+    "replay_token_scope",
+    "returns_boxed_tuples_under_capture",
+    "stream_capture_status",
+    "unbox_tuple",
+]

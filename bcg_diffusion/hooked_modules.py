@@ -1,0 +1,117 @@
+"""Hooked submodules: their hooks run eagerly on every call while their own kernels replay.
+
+For each submodule with hooks (a step cache's hooks on blocks or attention modules, a user's
+``ModelHook``, torch forward hooks), :class:`HookedModules` installs:
+
+- an *outer* interceptor of the module's call (an instance ``_call_impl``, or
+  ``_compiled_call_impl`` for a compiled module), which makes each call a hooked call of the
+  enclosing capture (:func:`bcg_diffusion.core.hooked_calls.hooked_call`): the whole call, torch
+  and diffusers hooks included, is the eager part, and the module's body becomes a sub-graph;
+- where the rule allows the body to replay (diffusers' step-cache hooks), a ``bcg_body`` hook at the
+  bottom of the module's diffusers hook chain: the :class:`CapturedBody` the hooks call.
+
+Every change is undone by :meth:`HookedModules.clear`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .core.hooked_calls import CapturedBody, hooked_call
+from .model_hooks import ForwardHook, insert_innermost, invalidate_registry_caches, registry_of, remove_exactly
+from .model_state import HookedModule, HookRule
+
+BODY_HOOK = "bcg_body"
+_MISSING = object()
+
+
+@dataclass
+class _Installed:
+    module: torch.nn.Module
+    spec: HookedModule
+    body: CapturedBody
+    attr: str
+    previous: Any
+    has_body_hook: bool
+
+
+class HookedModules:
+    """The interceptors of one transformer's hooked submodules (see the module docstring)."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self.root = root
+        self._installed: dict[str, _Installed] = {}
+
+    @property
+    def bodies(self) -> list[CapturedBody]:
+        return [i.body for i in self._installed.values() if i.spec.rule.replay_body]
+
+    def apply(self, hooked: tuple[HookedModule, ...]) -> None:
+        """Make the installed interceptors match ``hooked``."""
+        wanted = {h.path: h for h in hooked}
+        for path in list(self._installed):
+            if wanted.get(path) != self._installed[path].spec:
+                self._uninstall(path)
+        for path, spec in wanted.items():
+            if path not in self._installed:
+                self._install(spec)
+        invalidate_registry_caches(self.root)
+
+    def clear(self) -> None:
+        for path in list(self._installed):
+            self._uninstall(path)
+        invalidate_registry_caches(self.root)
+
+    def _install(self, spec: HookedModule) -> None:
+        module = self.root.get_submodule(spec.path)
+        name = f"{spec.path} ({type(module).__name__})"
+        rule: HookRule = spec.rule
+        if rule.replay_body:
+            hook = ForwardHook(lambda below: CapturedBody(below, name))
+            insert_innermost(module, hook, BODY_HOOK)
+            body = hook.function
+        else:
+            body = CapturedBody(_forward_below_hooks(module), name)  # captured for its outputs' layout only
+        attr = "_compiled_call_impl" if module.__dict__.get("_compiled_call_impl") is not None else "_call_impl"
+        previous = module.__dict__.get(attr, _MISSING)
+        chain = getattr(module, attr)
+        module.__dict__[attr] = _interceptor(chain, body, rule)
+        self._installed[spec.path] = _Installed(module, spec, body, attr, previous, rule.replay_body)
+
+    def _uninstall(self, path: str) -> None:
+        installed = self._installed.pop(path)
+        module = installed.module
+        if installed.previous is _MISSING:
+            module.__dict__.pop(installed.attr, None)
+        else:
+            module.__dict__[installed.attr] = installed.previous
+        if installed.has_body_hook:
+            remove_exactly(module, BODY_HOOK)
+
+
+def _interceptor(chain: Callable, body: CapturedBody, rule: HookRule) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return hooked_call(
+            chain,
+            body,
+            args,
+            kwargs,
+            fresh_outputs=rule.fresh_outputs,
+            retain_args=rule.retain_args,
+            replay_body=rule.replay_body,
+        )
+
+    call.__bcg_interceptor__ = True  # type: ignore[attr-defined]
+    return call
+
+
+def _forward_below_hooks(module: torch.nn.Module) -> Callable:
+    """The forward at the bottom of ``module``'s diffusers hook chain (its own forward)."""
+    registry = registry_of(module)
+    if registry is not None and registry._fn_refs:
+        ref = registry._fn_refs[0]
+        return ref.original_forward if ref.original_forward is not None else ref.forward
+    return module.forward

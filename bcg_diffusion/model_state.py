@@ -1,0 +1,243 @@
+"""The host state of a model that decides which kernels a capture records, besides its inputs.
+
+Two parts, read together once per pipeline call (every call for a bare transformer, or with
+``check_weights="every_call"``):
+
+- the weight fingerprint (:mod:`.fingerprint`): parameter and buffer addresses and versions, LoRA
+  state;
+- the :class:`Structure`: the attention processor of every attention module (identity and the
+  state it reads: ``_attention_backend``, scales, ...), the hooks of every submodule (diffusers
+  ``ModelHook``s and torch forward hooks) and which submodules are in training mode.
+
+A new fingerprint is part of the graph key; a new structure drops the transformer's graphs and
+re-plans its hooked modules (see :mod:`.hooked_modules`). Hooks that move or re-cast weights per
+call (group offloading, layerwise casting, accelerate's offload hooks) and caches keyed on tensor
+addresses are refused with :class:`~bcg_diffusion.AccelerationError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from diffusers.hooks._common import _ATTENTION_CLASSES
+
+from . import fingerprint
+from .errors import AccelerationError
+from .model_hooks import hooks_of
+
+OUR_HOOK_PREFIX = "bcg_"
+
+
+@dataclass(frozen=True)
+class HookRule:
+    """How a hooked module is run under a replay.
+
+    ``replay_body``: the module's own kernels (below its hooks) replay a captured sub-graph when
+    the hooks call them; otherwise they run eagerly. ``fresh_outputs``: the hook keeps the body's
+    outputs across calls, so it gets copies. ``retain_args``: the hook keeps its inputs until later
+    in the same call.
+    """
+
+    replay_body: bool
+    fresh_outputs: bool = False
+    retain_args: bool = False
+
+
+# diffusers 0.42 step-cache hooks: their Python (counters, decisions, kept tensors) runs on every call
+# and the block or attention module below them replays. What each keeps was read from its source.
+STEP_CACHE_HOOKS: dict[str, HookRule] = {
+    "FBCHeadBlockHook": HookRule(True, fresh_outputs=True),  # keeps head_block_output across calls
+    "FBCBlockHook": HookRule(True),  # the tail keeps a residual it computes (a new tensor)
+    "MagCacheHeadHook": HookRule(True, retain_args=True),  # keeps the head input for the tail
+    "MagCacheBlockHook": HookRule(True),
+    "TaylorSeerCacheHook": HookRule(True, fresh_outputs=True),  # keeps outputs as Taylor factors
+    "PyramidAttentionBroadcastHook": HookRule(True, fresh_outputs=True),  # keeps the attention output
+    "FasterCacheBlockHook": HookRule(True, fresh_outputs=True),  # keeps the last two outputs
+    "FasterCacheDenoiserHook": HookRule(True, fresh_outputs=True),  # on the transformer itself
+}
+# Any other hook: the module's body runs eagerly (its hooks may read or change anything).
+UNKNOWN_HOOK = HookRule(False, fresh_outputs=True, retain_args=True)
+
+_OFFLOAD = (
+    "group offloading moves weights between devices on every call, and a CUDA graph replays fixed "
+    "weight addresses. Turn it off (keep the transformer on the GPU) before accelerating"
+)
+_CASTING = (
+    "layerwise casting re-casts the weights to the compute dtype on every call (new tensors each "
+    "time), which a CUDA graph cannot replay. Load the weights in the compute dtype, or quantize with "
+    "torchao (supported), and do not call enable_layerwise_casting"
+)
+REFUSED_HOOKS: dict[str, str] = {
+    "GroupOffloadingHook": _OFFLOAD,
+    "LazyPrefetchGroupOffloadingHook": _OFFLOAD,
+    "LayerExecutionTrackerHook": _OFFLOAD,
+    "LayerwiseCastingHook": _CASTING,
+    "PeftInputAutocastDisableHook": _CASTING,
+    "TextKVCacheTransformerHook": (
+        "TextKVCache keys its cache on the data_ptr() of encoder_hidden_states, which under CUDA graphs is the "
+        "same static buffer for every prompt, so prompts would share cached keys. Disable it (disable_cache())"
+    ),
+    "TextKVCacheBlockHook": "TextKVCache keys its cache on tensor addresses (see TextKVCacheTransformerHook)",
+    "SeaCacheRootHook": (
+        "SeaCache replaces the decoder stack and reads step values with .item() around the whole forward; "
+        "bcg-diffusion cannot replay it exactly. Disable it (disable_cache()) or use FirstBlockCache, MagCache, "
+        "TaylorSeer, PyramidAttentionBroadcast or FasterCache"
+    ),
+    "SeaCacheLeaderBlockHook": "SeaCache cannot be replayed exactly (see SeaCacheRootHook)",
+    "SeaCacheBlockHook": "SeaCache cannot be replayed exactly (see SeaCacheRootHook)",
+    "SeaCachePostNormHook": "SeaCache cannot be replayed exactly (see SeaCacheRootHook)",
+}
+
+
+@dataclass(frozen=True)
+class HookedModule:
+    """A submodule whose calls run hooks: each call is a hooked call of the replay."""
+
+    path: str
+    hooks: tuple[str, ...]  # hook class names, innermost first; torch hooks as "torch:<kind>"
+    rule: HookRule
+
+
+@dataclass(frozen=True)
+class Structure:
+    processors: tuple
+    hooked: tuple[HookedModule, ...]
+    training: tuple[str, ...]
+
+    def describe_difference(self, other: "Structure | None") -> str:
+        if other is None:
+            return "first call"
+        parts = []
+        if self.processors != other.processors:
+            parts.append("attention processors or their state")
+        if self.hooked != other.hooked:
+            parts.append("hooks on submodules")
+        if self.training != other.training:
+            parts.append("submodules in training mode")
+        return ", ".join(parts) or "nothing"
+
+
+def rule_for(hook_names: tuple[str, ...]) -> HookRule:
+    """The rule for a module with these hooks (our own excluded)."""
+    rules = [STEP_CACHE_HOOKS.get(name, UNKNOWN_HOOK) for name in hook_names]
+    return HookRule(
+        replay_body=all(r.replay_body for r in rules),
+        fresh_outputs=any(r.fresh_outputs for r in rules),
+        retain_args=any(r.retain_args for r in rules),
+    )
+
+
+def refuse_hook(owner: str, hook_class: str) -> None:
+    reason = REFUSED_HOOKS.get(hook_class)
+    if reason is not None:
+        raise AccelerationError(f"{owner} has the diffusers hook {hook_class}: {reason}.")
+
+
+def diffusers_hook_names(module: torch.nn.Module) -> tuple[str, ...]:
+    return tuple(type(h).__name__ for n, h in hooks_of(module) if not n.startswith(OUR_HOOK_PREFIX))
+
+
+def _torch_hook_kinds(module: torch.nn.Module) -> tuple[str, ...]:
+    d = module.__dict__
+    kinds = []
+    for attr in ("_forward_pre_hooks", "_forward_hooks"):
+        if d.get(attr):
+            kinds.append(f"torch:{attr.strip('_')}")
+    return tuple(kinds)
+
+
+def check_global_hooks() -> None:
+    from torch.nn.modules import module as nn_module
+
+    for attr in ("_global_forward_pre_hooks", "_global_forward_hooks"):
+        if getattr(nn_module, attr, None):
+            raise AccelerationError(
+                f"global torch module hooks are registered (torch.nn.modules.module.{attr}): they run on every "
+                "module call, which a CUDA graph replay does not make. Remove them before running an accelerated model."
+            )
+
+
+def _freeze(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, (int, float, bool, str, bytes, type(None), enum.Enum, torch.dtype, torch.device)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), value._version, tuple(value.shape), value.dtype)
+    if depth < 3 and isinstance(value, (list, tuple)):
+        return tuple(_freeze(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return tuple((k, _freeze(v, depth + 1)) for k, v in value.items())
+    return ("id", id(value))
+
+
+def processor_state(processor: Any) -> tuple:
+    """Identity, class and the frozen attributes of an attention processor."""
+    attributes = vars(processor) if hasattr(processor, "__dict__") else {}
+    return (id(processor), type(processor).__qualname__, _freeze(attributes))
+
+
+class ModelState:
+    """The weight fingerprint and the :class:`Structure` of one transformer, cached until
+    :meth:`invalidate` (each pipeline call) unless ``every_call``."""
+
+    def __init__(self, root: torch.nn.Module, every_call: bool) -> None:
+        self.root = root
+        self.every_call = every_call
+        self.weights = fingerprint.WeightsFingerprint(root, every_call=every_call)
+        self._structure: Structure | None = None
+        self._epoch = -1
+        self._named: list[tuple[str, torch.nn.Module]] = []
+        self._dicts: list[tuple[str, dict]] = []
+        self._attention: list[tuple[str, torch.nn.Module]] = []
+
+    def invalidate(self) -> None:
+        self.weights.invalidate()
+        self._structure = None
+
+    def structure(self) -> Structure:
+        """The current structure; raises :class:`AccelerationError` for hooks that cannot replay."""
+        if self.every_call or self._structure is None or self._epoch != fingerprint.registration_epoch():
+            self._structure = self._scan()
+        return self._structure
+
+    def _modules(self) -> list[tuple[str, torch.nn.Module]]:
+        if self._epoch != fingerprint.registration_epoch() or not self._named:
+            self._named = list(self.root.named_modules())
+            self._dicts = [(n, m.__dict__) for n, m in self._named]
+            self._attention = [(n, m) for n, m in self._named if isinstance(m, _ATTENTION_CLASSES)]
+            self._epoch = fingerprint.registration_epoch()
+        return self._named
+
+    def _scan(self) -> Structure:
+        check_global_hooks()
+        self._modules()
+        # one cheap pass over the modules' __dict__s finds the few that carry anything
+        flagged = [
+            (path, d) for path, d in self._dicts
+            if d.get("_diffusers_hook") is not None or d.get("_hf_hook") is not None
+            or d.get("_forward_hooks") or d.get("_forward_pre_hooks")
+        ]
+        hooked = []
+        for path, d in flagged:
+            module = self.root.get_submodule(path) if path else self.root
+            owner = f"{type(self.root).__name__}{'.' + path if path else ''}"
+            if d.get("_hf_hook") is not None:
+                raise AccelerationError(
+                    f"{owner} has accelerate hooks (enable_model_cpu_offload / enable_sequential_cpu_offload / "
+                    "device_map): weights move between CPU and GPU per call, which a CUDA graph cannot replay. "
+                    "Turn offloading off (keep the transformer on the GPU) before accelerating."
+                )
+            names = diffusers_hook_names(module)
+            for name in names:
+                refuse_hook(owner, name)
+            kinds = names + _torch_hook_kinds(module)
+            if path and kinds:  # the transformer's own hooks run outside its graphs, on every call
+                hooked.append(HookedModule(path, kinds, rule_for(kinds)))
+        training = tuple(path for path, d in self._dicts if path and d.get("training"))
+        processors = tuple(
+            (path, processor_state(getattr(module, "processor", None))) for path, module in self._attention
+        )
+        return Structure(processors, tuple(hooked), training)

@@ -1,0 +1,54 @@
+"""Shared helpers of the GPU tests: tiny pipelines and whole-generation calls."""
+
+import contextlib
+
+import torch
+
+import pipelines
+from pipelines.caches import cache_config, enable_cache
+
+PROMPT = "a red fox jumping over a frozen river at dawn"
+
+
+def build(family, seed=0, dtype=torch.float32, device="cuda"):
+    return pipelines.build_pipeline(family, size="tiny", device=device, dtype=dtype, seed=seed)
+
+
+def cfg_mode(family):
+    """How CFG runs in these tests: Flux and QwenImage with a negative prompt (two calls)."""
+    return "two_calls" if family == "flux" else pipelines.get_family(family).cfg_mode
+
+
+def call_kwargs(family, steps=3, seed=0, prompt=PROMPT, device="cuda", **overrides):
+    spec = pipelines.get_family(family)
+    kwargs = dict(spec.call_kwargs)
+    kwargs.update(
+        prompt=prompt,
+        num_inference_steps=steps,
+        height=spec.tiny.height,
+        width=spec.tiny.width,
+        generator=torch.Generator(device).manual_seed(seed),
+        output_type="latent",
+    )
+    if spec.tiny.num_frames:
+        kwargs["num_frames"] = spec.tiny.num_frames
+    if family == "flux":
+        kwargs.update(negative_prompt=" ", true_cfg_scale=2.0)  # true CFG: two transformer calls per step
+    kwargs.update(overrides)
+    return kwargs
+
+
+def run(pipe, family, **kw):
+    """One whole generation; the final latents (a fresh tensor)."""
+    context = contextlib.nullcontext()
+    if cfg_mode(family) == "batched" and hasattr(pipe.transformer, "cache_context"):
+        context = pipe.transformer.cache_context("batched")  # stateful caches need a context name
+    with torch.no_grad(), context:
+        out = pipe(**call_kwargs(family, device=pipe.device.type, **kw))
+    result = out[0]
+    return result.clone() if isinstance(result, torch.Tensor) else torch.as_tensor(result)
+
+
+def with_cache(pipe, family, text, steps):
+    enable_cache(pipe.transformer, cache_config(text, pipe, family, steps, cfg_mode(family)))
+    return pipe
