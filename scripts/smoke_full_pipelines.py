@@ -29,10 +29,6 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 logger = logging.getLogger("smoke_full_pipelines")
 
 DEFAULT_OUT = "bench_results/full_pipelines"
@@ -46,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--families", default="all", help="comma-separated family names, or 'all' (default)")
     p.add_argument("--size", default="full", choices=list(pipelines.SIZES), help="pipeline size (default full)")
     p.add_argument("--device", default=None, help="device (default: cuda if available else cpu)")
-    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--dtype", default=None, choices=pipelines.DTYPE_NAMES, help="default: bf16 on cuda, fp32 on cpu")
     p.add_argument("--steps", type=int, default=2, help="denoising steps per call (default 2)")
     p.add_argument("--frames", type=int, default=None, help="frames for video families (default: smallest valid > 1)")
     p.add_argument("--height", type=int, default=None, help="override the family's default height")
@@ -76,10 +72,8 @@ def plan_for(family: str, args: argparse.Namespace) -> dict:
     frames = None
     if spec.is_video:
         frames = args.frames if args.frames is not None else 2 * (spec.frame_multiple or 1) + 1
-    shape = pipelines.check_call(spec, height=args.height, width=args.width, num_frames=frames, size=args.size)
-    call = spec.default_call(args.size)
-    call.update(shape)
-    call["num_inference_steps"] = args.steps
+    call = pipelines.plan_call(spec, args.size, prompt=PROMPT, height=args.height, width=args.width,
+                               num_frames=frames, steps=args.steps)
     return {"family": family, "title": spec.title, "cfg_mode": spec.cfg_mode, "call": call}
 
 
@@ -99,9 +93,9 @@ def _transformer_counter(pipe):
 
 
 def _output_shape(out) -> list[int] | None:
-    res = getattr(out, "frames", None)
-    if res is None:
-        res = getattr(out, "images", None)
+    import pipelines
+
+    res = pipelines.generated(out)
     if hasattr(res, "shape"):
         return [int(s) for s in res.shape]
     if isinstance(res, list) and res:
@@ -123,7 +117,7 @@ def run_family(family: str, args: argparse.Namespace, device, dtype) -> dict:
     try:
         plan = plan_for(family, args)
         rec.update({"title": plan["title"], "cfg_mode": plan["cfg_mode"],
-                    "call": {k: v for k, v in plan["call"].items()}})
+                    "call": {k: v for k, v in plan["call"].items() if k != "prompt"}})
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
             torch.cuda.synchronize(device)
@@ -143,7 +137,7 @@ def run_family(family: str, args: argparse.Namespace, device, dtype) -> dict:
         calls, handle = _transformer_counter(pipe)
         generator = torch.Generator(device="cpu").manual_seed(0)
         t0 = time.perf_counter()
-        out = pipe(prompt=PROMPT, generator=generator, output_type="np", **plan["call"])
+        out = pipe(generator=generator, output_type="np", **plan["call"])
         if cuda:
             torch.cuda.synchronize(device)
         rec["run_s"] = round(time.perf_counter() - t0, 3)
@@ -221,15 +215,16 @@ def to_markdown(results: list[dict], env: dict, args: argparse.Namespace) -> str
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(argv)
-    from pipelines.build import resolve_device, resolve_dtype
+    import pipelines
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    device = pipelines.resolve_device(args.device)
+    dtype = pipelines.resolve_dtype(args.dtype, device)
     if args.dry_run:
         for fam in args.family_list:
             try:
                 plan = plan_for(fam, args)
-                print(f"{fam}: build size={args.size} on {device} in {dtype}; pipe(prompt, {plan['call']}) [cfg {plan['cfg_mode']}]")
+                call = {k: v for k, v in plan["call"].items() if k != "prompt"}
+                print(f"{fam}: build size={args.size} on {device} in {dtype}; pipe(prompt, {call}) [cfg {plan['cfg_mode']}]")
             except ValueError as err:
                 print(f"{fam}: invalid call: {err}")
         print(f"results -> {args.out}.json, {args.out}.md")

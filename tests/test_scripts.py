@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -84,6 +85,51 @@ def test_generate_bad_arguments_exit_2(generate, capsys, argv, needle):
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_generate_seed_out_of_range_exits_2(generate, capsys, seed):
+    assert generate.main(["--seed", seed]) == 2
+    assert "--seed must be in 0 .. 2**64 - 1" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    """Building or loading a pipeline fails the test: the checks must come before any work."""
+    import pipelines
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pipeline was built")
+
+    monkeypatch.setattr(pipelines, "build_pipeline", refuse)
+    monkeypatch.setattr(pipelines, "load_pipeline", refuse)
+
+
+def test_generate_unwritable_out_fails_before_building(generate, tmp_path, capsys, no_build):
+    not_a_folder = tmp_path / "file.txt"
+    not_a_folder.write_text("x")
+    (tmp_path / "taken.png").mkdir()
+    for out in (not_a_folder / "sub" / "fox.png", tmp_path / "taken.png"):
+        assert generate.main(["--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "cannot be written" in err and str(out) in err, err
+
+
+@CPU_ONLY
+def test_generate_full_size_without_cuda_says_the_memory_and_wants_yes(generate, capsys, monkeypatch, no_build):
+    assert generate.main(["--model", "flux", "--size", "full"]) == 2
+    err = capsys.readouterr().err
+    assert "--size full without CUDA" in err and "--yes" in err
+    assert re.search(r"11\.9B transformer .* about \d+ GiB of memory in float32", err), err
+
+    import pipelines
+
+    def sentinel(*args, **kwargs):
+        raise RuntimeError("sentinel: the build was reached")
+
+    monkeypatch.setattr(pipelines, "build_pipeline", sentinel)
+    assert generate.main(["--model", "flux", "--size", "full", "--yes"]) == 1
+    assert "sentinel: the build was reached" in capsys.readouterr().err
+
+
 def test_generate_list_models(generate, capsys):
     assert generate.main(["--list-models"]) == 0
     out = capsys.readouterr().out
@@ -134,12 +180,12 @@ def test_generate_bcg_on_cpu_is_a_noop(generate, tmp_path, capsys):
 def test_step_timer_sees_through_a_call_wrapper(generate):
     """accelerate_pipeline gives the pipeline a subclass whose __call__ is (*args, **kwargs); the step
     callback must still be found (PixArt-Sigma: the legacy ``callback``)."""
-    from pipelines import build_pipeline
+    import pipelines
 
-    pipe = build_pipeline("pixart", "tiny", device="cpu")
+    pipe = pipelines.build_pipeline("pixart", "tiny", device="cpu")
     cls = type(pipe)
     pipe.__class__ = type(cls.__name__, (cls,), {"__call__": lambda self, *a, **k: cls.__call__(self, *a, **k)})
-    assert "callback" in generate.call_parameters(pipe)
+    assert "callback" in pipelines.call_parameters(pipe)
     result = generate.run_pipeline(pipe, {"prompt": "x", "num_inference_steps": 3, "height": 64, "width": 64,
                                           "clean_caption": False}, 0, torch.device("cpu"), "wrapped")
     assert len(result.step_times) == 3 and result.latents is not None
