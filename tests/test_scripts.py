@@ -1,7 +1,6 @@
 """CPU tests of the user-facing scripts: scripts/generate.py and scripts/bench_step.py.
 
-They call each script's ``main([...])`` in-process on the tiny random-weight pipelines. Tests that need the
-pipeline-level API of ``bcg_diffusion`` skip, naming the missing attribute, until it exists.
+They call each script's ``main([...])`` in-process on the tiny random-weight pipelines.
 """
 
 from __future__ import annotations
@@ -35,15 +34,6 @@ def generate():
 @pytest.fixture(scope="module")
 def bench():
     return _load("bench_step")
-
-
-def _require_bcg(*names: str):
-    """Skip (naming what is missing) unless bcg_diffusion has all of ``names``."""
-    bcg = pytest.importorskip("bcg_diffusion")
-    missing = [n for n in names if not hasattr(bcg, n)]
-    if missing:
-        pytest.skip(f"bcg_diffusion has no {', '.join(missing)} yet")
-    return bcg
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -167,7 +157,6 @@ def test_generate_compare_on_cpu_says_bcg_needs_cuda(generate, tmp_path, capsys)
 
 @CPU_ONLY
 def test_generate_bcg_on_cpu_is_a_noop(generate, tmp_path, capsys):
-    _require_bcg("accelerate_pipeline", "BCGConfig", "get_stats")
     eager, accel = tmp_path / "eager.png", tmp_path / "bcg.png"
     assert generate.main(["--model", "pixart", "--steps", "2", "--height", "64", "--width", "64", "--out", str(eager)]) == 0
     assert generate.main(["--model", "pixart", "--steps", "2", "--height", "64", "--width", "64", "--bcg",
@@ -356,7 +345,6 @@ def test_bench_kernel_summary_counts_kernels_and_busy_time(bench):
 
 @CPU_ONLY
 def test_bench_cpu_bcg_mode_runs_as_noop(bench, tmp_path):
-    _require_bcg("accelerate_transformer", "accelerate_pipeline", "remove_acceleration", "BCGConfig", "get_stats")
     assert bench.main(["--cases", "pixart:tiny", "--modes", "eager,bcg", "--iters", "2", "--rounds", "2",
                        "--warmup", "1", "--e2e-steps", "2", "--out-dir", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("bench_step_*.json")).read_text())
