@@ -3,10 +3,12 @@
 Two routes reach the attention kernel in diffusers: ``dispatch_attention_fn`` (imported by name
 into each transformer module; Flux, Wan, QwenImage, HunyuanVideo, ...) and
 ``torch.nn.functional.scaled_dot_product_attention`` called directly by processors (SD3,
-PixArt). Both are replaced, while at least one transformer is accelerated, by wrappers that are
-plain calls outside a capture and eager breaks inside one. Everything around the kernel (QKV
-projections, norms, RoPE) stays in the segments; the user's attention backend keeps running in
-the break, as it reads its choice at call time.
+PixArt). Both are replaced, while at least one transformer is accelerated (reference-counted
+patches), by wrappers that are plain calls outside a capture and, inside one, eager breaks, or,
+under the ``"capture_safe"`` policy, captured inline where the backend is a torch SDPA kernel
+(:data:`CAPTURE_SAFE_BACKENDS`). Everything around the kernel (QKV projections, norms, RoPE) stays
+in the segments; the user's attention backend keeps running in the break, as it reads its choice
+at call time. Traced by torch.compile, a wrapper becomes a custom op (:mod:`.attention_op`).
 
 At capture, the break does not run the real kernel on the placeholder data that capture feeds
 it (a varlen backend would read garbage lengths): it allocates the output, from the graph pool,
@@ -16,23 +18,36 @@ the same layout as eager and pick the same kernels, and the pool reuses the memo
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from . import attention_layouts
-from .core.capture import eager_on_graph
+from . import attention_layouts, attention_op
+from .core.capture import eager_on_graph, is_capturing_breakable
 
 _DISPATCH_NAME = "dispatch_attention_fn"
+_SDPA_NAME = "scaled_dot_product_attention"
+_KINDS = {_DISPATCH_NAME: "dispatch", _SDPA_NAME: "sdpa"}
+# diffusers backends that run torch SDPA kernels at a fixed shape without host reads, and the
+# functions diffusers registers for them (a backend replaced in the registry is not trusted)
+CAPTURE_SAFE_BACKENDS = {
+    "native": "_native_attention",
+    "_native_flash": "_native_flash_attention",
+    "_native_efficient": "_native_efficient_attention",
+    "_native_cudnn": "_native_cudnn_attention",
+    "_native_math": "_native_math_attention",
+}
 _lock = threading.Lock()
 _patches: dict[tuple[str, str], "_Patch"] = {}
 
 _IN_ATTENTION: contextvars.ContextVar[bool] = contextvars.ContextVar("bcg_in_attention", default=False)
+_POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("bcg_attention_policy", default="break")
 
 
 @dataclass
@@ -41,9 +56,10 @@ class _Patch:
     attr: str
     original: Callable
     refcount: int
+    replacement: Callable
 
 
-def _make_break(original: Callable) -> Callable:
+def _make_break(original: Callable, kind: str) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         if _IN_ATTENTION.get():
             return original(*args, **kwargs)
@@ -59,10 +75,61 @@ def _make_break(original: Callable) -> Callable:
         return attention_layouts.allocate_planned(args[0] if args else kwargs.get("query"))
 
     functools.update_wrapper(run, original)
-    wrapped = eager_on_graph(capture_allocator=capture_allocator)(run)
-    wrapped = torch._dynamo.disable(wrapped)  # compiled blocks graph-break here: attention stays eager
-    wrapped.__bcg_original__ = original  # type: ignore[attr-defined]
-    return wrapped
+    eager_break = eager_on_graph(capture_allocator=capture_allocator)(run)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _POLICY.get() == "capture_safe" and not _IN_ATTENTION.get() and is_capturing_breakable() and _capture_safe(kind, kwargs):
+            attention_layouts.skip_planned()
+            return run(*args, **kwargs)  # captured inline: the backend and mask layout are in the key
+        return eager_break(*args, **kwargs)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # traced: one custom-op node instead of a graph break
+            return attention_op.traced_call(kind, call, args, kwargs)
+        return call(*args, **kwargs)
+
+    functools.update_wrapper(wrapper, original)
+    wrapper.__bcg_original__ = original  # type: ignore[attr-defined]
+    wrapper.__bcg_eager_call__ = call  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _capture_safe(kind: str, kwargs: dict) -> bool:
+    """Whether this attention call may be captured: torch SDPA, or diffusers' dispatch with a native
+    SDPA backend (its registered function still diffusers' own) and no context-parallel config."""
+    if kind == "sdpa":
+        return True
+    if kwargs.get("parallel_config") is not None:
+        return False
+    from diffusers.models import attention_dispatch as ad
+
+    backend = kwargs.get("backend")
+    if backend is None:
+        backend = ad._AttentionBackendRegistry._active_backend
+    name = str(getattr(backend, "value", backend))
+    function_name = CAPTURE_SAFE_BACKENDS.get(name)
+    if function_name is None:
+        return False
+    registered = ad._AttentionBackendRegistry._backends.get(ad.AttentionBackendName(name))
+    return registered is not None and registered is getattr(ad, function_name, None)
+
+
+@contextlib.contextmanager
+def policy(name: str) -> Iterator[None]:
+    """Attention policy for captures in the block: ``"break"`` or ``"capture_safe"``."""
+    token = _POLICY.set(name)
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)
+
+
+def _make_dispatch_break(original: Callable) -> Callable:
+    return _make_break(original, "dispatch")
+
+
+def _make_sdpa_break(original: Callable) -> Callable:
+    return _make_break(original, "sdpa")
 
 
 def _make_function_break(original: Callable) -> Callable:
@@ -71,15 +138,19 @@ def _make_function_break(original: Callable) -> Callable:
     return wrapped
 
 
-def _acquire(owner: Any, attr: str, make: Callable[[Callable], Callable] = _make_break) -> tuple[str, str]:
+def _acquire(owner: Any, attr: str, make: Callable[[Callable], Callable]) -> tuple[str, str]:
     key = (getattr(owner, "__name__", repr(owner)), attr)
     patch = _patches.get(key)
     if patch is not None:
         patch.refcount += 1
         return key
     original = getattr(owner, attr)
-    _patches[key] = _Patch(owner, attr, original, 1)
-    setattr(owner, attr, make(original))
+    replacement = make(original)
+    _patches[key] = _Patch(owner, attr, original, 1, replacement)
+    setattr(owner, attr, replacement)
+    eager_call = getattr(replacement, "__bcg_eager_call__", None)
+    if eager_call is not None:
+        attention_op.register_eager_call(_KINDS[attr], eager_call)
     return key
 
 
@@ -91,6 +162,9 @@ def _release(key: tuple[str, str]) -> None:
     if patch.refcount == 0:
         setattr(patch.owner, patch.attr, patch.original)
         del _patches[key]
+        eager_call = getattr(patch.replacement, "__bcg_eager_call__", None)
+        if eager_call is not None:
+            attention_op.unregister_eager_call(_KINDS[patch.attr], eager_call)
 
 
 def attention_modules(transformer: torch.nn.Module) -> tuple[list[Any], bool]:
@@ -124,9 +198,9 @@ def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ())
     modules, direct_sdpa = attention_modules(transformer)
     home = sys.modules[type(transformer).__module__]
     with _lock:
-        keys = [_acquire(mod, _DISPATCH_NAME) for mod in modules]
+        keys = [_acquire(mod, _DISPATCH_NAME, _make_dispatch_break) for mod in modules]
         if direct_sdpa or not modules:
-            keys.append(_acquire(torch.nn.functional, "scaled_dot_product_attention"))
+            keys.append(_acquire(torch.nn.functional, _SDPA_NAME, _make_sdpa_break))
         keys += [_acquire(home, name, _make_function_break) for name in eager_functions if callable(getattr(home, name, None))]
 
     def undo() -> None:

@@ -65,6 +65,13 @@ def record(query: Any, out: Any) -> None:
     layouts.append(_Layout(shape, described))
 
 
+def skip_planned() -> None:
+    """Consume the next planned layout (an attention call captured inline, not a break)."""
+    plan = _PLAN.get()
+    if plan is not None:
+        plan._cursor += 1
+
+
 def allocate_planned(query: Any) -> Any:
     """The next planned output, freshly allocated (in the pool during capture), or ``None`` when
     nothing was recorded for this call (the kernel then runs once at capture, a normal break)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 ENV_ENABLE = "BCG_DIFFUSION"
 ENV_DEBUG = "BCG_DIFFUSION_DEBUG"
+ATTENTION_POLICIES = ("capture_safe", "break")
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,14 @@ class BCGConfig:
             breaks at ``dispatch_attention_fn`` and ``scaled_dot_product_attention``).
         max_narrowing: after a failed capture, how many modules may be made eager breaks of
             their own (one per retry) before the key falls back to eager.
-        check_weights: when the weight fingerprint (addresses, version counters, adapter state) is
-            recomputed: ``"auto"`` (once per pipeline call under ``accelerate_pipeline``, every call
-            for a bare transformer), ``"every_call"``, or ``"per_pipeline_call"``. Adding or
-            replacing parameters or modules (loading LoRA) is seen on every call in all modes.
+        check_weights: when the weight fingerprint (addresses, version counters, adapter state)
+            and the model structure (attention processors, hooks of submodules) are read again:
+            ``"auto"`` (once per pipeline call under ``accelerate_pipeline``, every call for a bare
+            transformer), ``"every_call"``, or ``"per_pipeline_call"``. Adding or replacing
+            parameters or modules (loading LoRA) is seen on every call in all modes.
+        attention: ``"capture_safe"`` captures attention calls whose kernel is known capture-safe
+            (torch SDPA called directly, diffusers' native SDPA backends) and breaks at every other
+            (any other backend, context parallelism); ``"break"`` breaks at every attention call.
     """
 
     debug: bool = False
@@ -53,6 +58,7 @@ class BCGConfig:
     allow_unknown: bool = False
     max_narrowing: int = 2
     check_weights: str = "auto"
+    attention: str = "capture_safe"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -87,6 +93,7 @@ class BCGConfig:
             "check_weights must be 'auto', 'every_call' or 'per_pipeline_call'",
             self.check_weights,
         )
+        _check(self.attention in ATTENTION_POLICIES, "attention must be 'capture_safe' or 'break'", self.attention)
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_layouts
+from . import attention_breaks, attention_layouts
 from .config import BCGConfig
 from .core.capture import BreakableCUDAGraphCapture
 from .core.graph import BreakableCUDAGraph
@@ -119,7 +119,7 @@ def capture_entry(ctx: CaptureContext, key: GraphKey, static: list, s_args: tupl
     the module that was running an eager break and retry (``config.max_narrowing`` times), then
     fall back to eager for this key. Hooks of hooked modules do not run here (their state must
     advance once per real call): the caller replays the entry for the call's result."""
-    with capture_lock:
+    with capture_lock, attention_breaks.policy(ctx.config.attention):
         return _capture(ctx, key, static, s_args, s_kwargs)
 
 

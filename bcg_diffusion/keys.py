@@ -106,8 +106,8 @@ def _flag(read: Any) -> Any:
 
 
 # Process-wide switches that decide which kernels a capture records (cuBLAS/cuDNN math modes,
-# determinism, the default dtype of tensors created inside forward). Attention itself runs in
-# breaks, so switches read only by attention kernels (SDPA backends) need not be here.
+# determinism, the default dtype of tensors created inside forward, and the SDPA kernels allowed,
+# since attention may be captured under the "capture_safe" policy).
 _SWITCHES: tuple[tuple[str, Any], ...] = (
     ("matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
     ("matmul.allow_fp16_reduced_precision", lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
@@ -119,6 +119,10 @@ _SWITCHES: tuple[tuple[str, Any], ...] = (
     ("cudnn.benchmark", lambda: torch.backends.cudnn.benchmark),
     ("deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
     ("default_dtype", torch.get_default_dtype),
+    ("sdp.flash", torch.backends.cuda.flash_sdp_enabled),
+    ("sdp.mem_efficient", torch.backends.cuda.mem_efficient_sdp_enabled),
+    ("sdp.math", torch.backends.cuda.math_sdp_enabled),
+    ("sdp.cudnn", torch.backends.cuda.cudnn_sdp_enabled),
 )
 
 

@@ -166,7 +166,7 @@ class GraphRunner:
             from .core.capture import BreakableCUDAGraphCapture
 
             s_args, s_kwargs = entry.debug_inputs
-            with BreakableCUDAGraphCapture(entry.graph, debug=True):
+            with attention_breaks.policy(self.config.attention), BreakableCUDAGraphCapture(entry.graph, debug=True):
                 out = self.forward(*s_args, **s_kwargs)
             return tree_map(torch.Tensor.clone, out)
         entry.graph.replay()

@@ -62,7 +62,7 @@ def test_bare_transformer_replays_bitwise(make):
     model, inputs = make()
     with torch.no_grad():
         eager = [model(**inputs(s))[0].clone() for s in range(3)]
-        bcg.accelerate_transformer(model)
+        bcg.accelerate_transformer(model, bcg.BCGConfig(attention="break"))
         outs = [model(**inputs(s))[0] for s in range(3)]
         kept = outs[0].clone()
         model(**inputs(7))  # a later replay must not overwrite earlier results

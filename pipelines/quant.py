@@ -1,0 +1,49 @@
+"""torchao quantization of a pipeline's transformer, by short name (``fp8``, ``fp8wo``, ``int8wo``, ``int8``).
+
+Used by ``scripts/generate.py --quant``, the benchmark and the tests. torchao is optional
+(``pip install -e ".[quant]"``); :func:`require_torchao` says how to install it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUANT_NAMES = ("fp8", "fp8wo", "int8wo", "int8")
+QUANT_HELP = (
+    "fp8 (float8 dynamic activations + float8 weights, Hopper fp8 tensor cores), fp8wo (float8 weight-only), "
+    "int8wo (int8 weight-only), int8 (int8 dynamic activations + int8 weights)"
+)
+INSTALL_HINT = 'torchao is not installed; install it with: pip install -e ".[quant]"'
+_CONFIGS = {
+    "fp8": "Float8DynamicActivationFloat8WeightConfig",
+    "fp8wo": "Float8WeightOnlyConfig",
+    "int8wo": "Int8WeightOnlyConfig",
+    "int8": "Int8DynamicActivationInt8WeightConfig",
+}
+
+
+class TorchaoMissing(ImportError):
+    """torchao is needed for quantization and is not installed."""
+
+
+def require_torchao() -> Any:
+    try:
+        import torchao.quantization as quantization
+    except ImportError as exc:
+        raise TorchaoMissing(INSTALL_HINT) from exc
+    return quantization
+
+
+def torchao_config(name: str) -> Any:
+    """The torchao config for ``name``; ``ValueError`` for an unknown name, :class:`TorchaoMissing`
+    without torchao."""
+    if name not in _CONFIGS:
+        raise ValueError(f"unknown quantization {name!r}; use one of: {QUANT_HELP}")
+    return getattr(require_torchao(), _CONFIGS[name])()
+
+
+def quantize(transformer: Any, name: str) -> Any:
+    """Quantize ``transformer``'s linear layers in place with torchao (``quantize_``); returns it."""
+    config = torchao_config(name)
+    require_torchao().quantize_(transformer, config)
+    return transformer
