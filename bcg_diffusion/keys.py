@@ -139,3 +139,27 @@ def execution_state(module: torch.nn.Module, extra: tuple[tuple[str, Any], ...] 
         *((name, _flag(read)) for name, read in _SWITCHES),
         *extra,
     )
+
+
+def active_attention_backend() -> Any:
+    """The backend diffusers uses where a processor names none (global, or the context manager's)."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    return _AttentionBackendRegistry._active_backend
+
+
+def value_fields(info: Any, kwargs: dict) -> tuple:
+    """Key fields for masks whose values decide shapes inside the model (per-row token counts)."""
+    fields = []
+    for name in info.value_keyed:
+        mask = kwargs.get(name)
+        if isinstance(mask, torch.Tensor):
+            fields.append((f"{name}.sum(-1)", tuple(mask.sum(-1).flatten().tolist())))
+    return tuple(fields)
+
+
+def build_key(module: torch.nn.Module, info: Any, kwargs: dict, inputs: tuple, weights: Any) -> GraphKey:
+    """The key of one call: its flattened ``inputs``, the mask values ``info`` declares, the
+    execution state with the attention backend in force, and the weight fingerprint."""
+    state = execution_state(module, (("attention_backend", active_attention_backend()),))
+    return GraphKey(inputs + value_fields(info, kwargs), state, weights)

@@ -22,18 +22,11 @@ from .eager_modules import EagerModules
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
 from .families import TransformerInfo
 from .hooked_modules import HookedModules
-from .keys import GraphKey, UncacheableInput, execution_state, flatten_inputs, rebuild_inputs
+from .keys import GraphKey, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
 from .model_state import ModelState, Structure
 from .text_buckets import pad_text_to_bucket
 
 logger = logging.getLogger("bcg_diffusion")
-
-
-def _active_attention_backend() -> Any:
-    """The backend diffusers uses where a processor names none (global, or the context manager's)."""
-    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-    return _AttentionBackendRegistry._active_backend
 
 
 class GraphRunner:
@@ -91,9 +84,7 @@ class GraphRunner:
         if not tensors or not all(t.is_cuda for t in tensors):
             return self._eager(args, kwargs, "inputs are not all on a CUDA device")
         self._follow_stream()
-        inputs += self._value_fields(kwargs)
-        state = execution_state(self.module, (("attention_backend", _active_attention_backend()),))
-        key = GraphKey(inputs, state, self.state.weights.current())
+        key = build_key(self.module, self.info, kwargs, inputs, self.state.weights.current())
         entry = self.entries.get(key)
         if entry is None:
             entry = self._new_entry(key, args, kwargs, tensors)
@@ -141,15 +132,6 @@ class GraphRunner:
         if undo_old is not None:
             undo_old()
         self._structure = structure
-
-    def _value_fields(self, kwargs: dict) -> tuple:
-        """Key fields for masks whose values decide shapes inside the model (per-row token counts)."""
-        fields = []
-        for name in self.info.value_keyed:
-            mask = kwargs.get(name)
-            if isinstance(mask, torch.Tensor):
-                fields.append((f"{name}.sum(-1)", tuple(mask.sum(-1).flatten().tolist())))
-        return tuple(fields)
 
     def _eager(self, args: tuple, kwargs: dict, reason: str | None) -> Any:
         self.eager_calls += 1

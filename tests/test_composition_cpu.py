@@ -261,7 +261,7 @@ def test_global_module_hooks_are_refused(pretend_cuda):
 def test_key_state_holds_math_modes_default_dtype_and_the_attention_backend():
     from diffusers.models.attention_dispatch import attention_backend
 
-    from bcg_diffusion.runner import _active_attention_backend
+    from bcg_diffusion.keys import active_attention_backend as _active_attention_backend
 
     model = torch.nn.Linear(2, 2)
     base = keys.execution_state(model, (("attention_backend", _active_attention_backend()),))

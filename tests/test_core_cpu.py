@@ -183,7 +183,7 @@ def test_missing_cuda_python_gives_install_hint(monkeypatch):
     for name in ["cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"]:
         monkeypatch.setitem(sys.modules, name, None)
     try:
-        with pytest.raises(RuntimeError, match="pip install cuda-python"):
+        with pytest.raises(RuntimeError, match="pip install cuda-bindings"):
             _cudart.cudart()
     finally:
         _cudart.cudart.cache_clear()

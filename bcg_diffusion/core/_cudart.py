@@ -1,8 +1,8 @@
-"""Thin access to the CUDA runtime through cuda-python.
+"""Thin access to the CUDA runtime through cuda-bindings.
 
 The capture core reads stream-capture status from the runtime itself
 (``cudaStreamGetCaptureInfo``) rather than from ``torch.cuda.is_current_stream_capturing()``,
-which has been seen to report false negatives. cuda-python is imported lazily so that the
+which has been seen to report false negatives. cuda-bindings is imported lazily so that the
 package imports, and eager code paths run, on machines without it.
 """
 
@@ -13,8 +13,9 @@ import functools
 from typing import Any
 
 _INSTALL_HINT = (
-    "bcg-diffusion reads CUDA stream-capture status through cuda-python, which is not installed. "
-    "Install it with `pip install cuda-python` (or reinstall bcg-diffusion, which depends on it)."
+    "bcg-diffusion reads CUDA stream-capture status through cuda-bindings, which is not installed. "
+    "Install it with `pip install cuda-bindings` (or reinstall bcg-diffusion, which depends on it on Linux "
+    "and Windows)."
 )
 
 
@@ -34,7 +35,7 @@ class CaptureStatus(enum.Enum):
 def cudart() -> Any:
     """Return ``cuda.bindings.runtime`` (or the older ``cuda.cudart``).
 
-    Raises ``RuntimeError`` with an install hint when cuda-python is missing.
+    Raises ``RuntimeError`` with an install hint when cuda-bindings is missing.
     """
     try:
         from cuda.bindings import runtime  # cuda-python >= 12.6
