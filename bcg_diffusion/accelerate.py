@@ -133,6 +133,7 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
         insert_innermost(module, hook, GRAPHS_HOOK)
         acceleration.undos.append(lambda: remove_exactly(module, GRAPHS_HOOK))
         runner._follow_structure()  # refusals (offloading, casting) raise here, not at the first call
+        runner.state.invalidate()  # and the first call reads again what changed since (a cache enabled now)
     except BaseException:
         acceleration.undo()
         raise

@@ -119,11 +119,6 @@ def remove_exactly(module: torch.nn.Module, name: str) -> bool:
     return True
 
 
-def is_innermost(module: torch.nn.Module, name: str) -> bool:
-    registry = registry_of(module)
-    return registry is not None and bool(registry._hook_order) and registry._hook_order[0] == name
-
-
 def hooks_of(module: torch.nn.Module) -> list[tuple[str, ModelHook]]:
     """``(name, hook)`` of ``module``'s diffusers hooks, innermost first."""
     registry = registry_of(module)

@@ -209,6 +209,15 @@ def test_step_cache_blocks_get_interceptors_and_lose_them_with_the_cache(pretend
         assert _order(block) in (["fbc_leader_block_hook"], ["fbc_block_hook"])
 
 
+def test_a_cache_enabled_between_acceleration_and_the_first_call_is_seen(pretend_cuda, flux_pipe):
+    bcg.accelerate_pipeline(flux_pipe)
+    flux_pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.5))
+    _call(flux_pipe)
+    block = flux_pipe.transformer.transformer_blocks[0]
+    assert "_call_impl" in block.__dict__ and _order(block)[0] == "bcg_body"
+    bcg.remove_acceleration(flux_pipe)
+
+
 def test_processor_and_backend_changes_are_structure_changes(pretend_cuda):
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor

@@ -88,3 +88,19 @@ def test_cache_hooks_keep_fresh_tensors_across_calls_of_two_contexts():
     eager = run(twin, family, steps=STEPS)
     assert torch.equal(run(accelerated, family, steps=STEPS), eager)
     bcg.remove_acceleration(accelerated)
+
+
+@pytest.mark.parametrize("cache", ["fbc:0.5", "taylorseer:2"])
+def test_cache_enabled_after_acceleration_before_the_first_call(cache):
+    family = "wan"
+    twin = with_cache(build(family), family, cache, STEPS)
+    accelerated = build(family)
+    bcg.accelerate_pipeline(accelerated)
+    with_cache(accelerated, family, cache, STEPS)
+    with count_cache_passes(twin.transformer) as eager_passes:
+        eager = run(twin, family, steps=STEPS)
+    with count_cache_passes(accelerated.transformer) as passes:
+        out = run(accelerated, family, steps=STEPS)
+    assert torch.equal(out, eager)
+    assert (passes.calls, passes.computed) == (eager_passes.calls, eager_passes.computed) and passes.reused > 0
+    bcg.remove_acceleration(accelerated)
