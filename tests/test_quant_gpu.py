@@ -64,3 +64,33 @@ def test_a_layer_quantized_again_after_capture_recaptures():
     stats = bcg.get_stats(accelerated)
     bcg.remove_acceleration(accelerated)
     assert stats.captures == 2, str(stats)
+
+
+def test_diffusers_torchao_config_route_from_a_local_folder(tmp_path):
+    """from_pretrained(..., quantization_config=TorchAoConfig(...)) from a local save, no hub download."""
+    from diffusers import TorchAoConfig
+
+    from pipelines.quant import torchao_config
+
+    family = "flux"
+    source = build(family, dtype=torch.bfloat16)
+    source.transformer.save_pretrained(tmp_path)
+    cls = type(source.transformer)
+
+    def loaded_pipe():
+        pipe = build(family, dtype=torch.bfloat16)
+        pipe.transformer = cls.from_pretrained(
+            tmp_path, quantization_config=TorchAoConfig(torchao_config("fp8")), torch_dtype=torch.bfloat16
+        ).to("cuda")
+        return pipe
+
+    twin, accelerated = loaded_pipe(), loaded_pipe()
+    linears = [m for m in twin.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    assert any(hasattr(type(m.weight), "__tensor_flatten__") for m in linears)  # quantized on load
+    eager = run(twin, family)
+    bcg.accelerate_pipeline(accelerated)
+    out = run(accelerated, family)
+    stats = bcg.get_stats(accelerated)
+    bcg.remove_acceleration(accelerated)
+    assert torch.equal(out, eager)
+    assert stats.entries and all(e.fallback is None for e in stats.entries), str(stats)
