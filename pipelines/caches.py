@@ -104,3 +104,97 @@ def enable_cache(transformer: Any, config: Any) -> None:
         "FasterCacheConfig": hooks.apply_faster_cache,
     }
     appliers[type(config).__name__](transformer, config)
+
+
+# Where each cache runs in diffusers 0.42.1, with the pipelines' default calls (CFG as the family
+# runs it). The same pipeline runs eagerly or fails eagerly whatever its size, and under BCG a cache
+# gives exactly what it gives eagerly, so this is also where it runs under BCG.
+# tests/test_scripts.py runs every (cache, family) pair on the tiny pipelines to keep it true.
+CACHE_FAMILIES = {
+    "fbc": ("flux", "wan", "qwenimage", "hunyuanvideo", "ltx", "cogvideox"),
+    "taylorseer": ("flux", "wan", "qwenimage", "hunyuanvideo", "ltx", "cogvideox"),
+    "magcache": ("flux", "sd3", "pixart", "wan", "qwenimage", "hunyuanvideo", "ltx", "cogvideox", "flux2"),
+    "pab": ("flux", "wan", "hunyuanvideo", "ltx", "cogvideox", "chroma", "flux2"),
+    "fastercache": ("cogvideox",),
+}
+_NO_CONTEXT = "its pipeline opens no transformer.cache_context(...) around the transformer call, which the cache's state needs"
+_NOT_REGISTERED = "diffusers' TransformerBlockRegistry does not know its transformer block class, through which the cache hooks blocks"
+_NO_HIDDEN_STATES = "its transformer blocks take no hidden_states argument, which the cache reads"
+_NO_MATCH = "the cache's attention-module patterns match no module of its transformer, so nothing would be cached"
+_NO_TIMESTEP = "its pipeline has no current_timestep, which the cache reads"
+_TEXT_LENGTHS = ("PAB shares one cache between the two CFG calls, and the negative prompt's text length differs from "
+                 "the prompt's (QwenImage trims text per prompt)")
+_NOT_BATCHED = ("FasterCache needs CFG as one batched call with unpacked latents, and this family runs CFG as two "
+                "calls or is guidance-distilled")
+_WHY_NOT = {
+    "fbc": {"sd3": _NO_CONTEXT, "pixart": _NO_CONTEXT, "flux2": _NO_CONTEXT, "sana": _NOT_REGISTERED,
+            "lumina2": _NOT_REGISTERED, "chroma": _NOT_REGISTERED, "zimage": _NO_HIDDEN_STATES},
+    "taylorseer": {"sd3": _NO_CONTEXT, "pixart": _NO_CONTEXT, "sana": _NO_CONTEXT, "chroma": _NO_CONTEXT,
+                   "flux2": _NO_CONTEXT, "lumina2": _NO_MATCH, "zimage": _NO_MATCH},
+    "magcache": {"sana": _NOT_REGISTERED, "lumina2": _NOT_REGISTERED, "chroma": _NOT_REGISTERED,
+                 "zimage": _NO_HIDDEN_STATES},
+    "pab": {"sd3": _NO_TIMESTEP, "pixart": _NO_TIMESTEP, "sana": _NO_TIMESTEP, "lumina2": _NO_TIMESTEP,
+            "zimage": _NO_TIMESTEP, "qwenimage": _TEXT_LENGTHS},
+    "fastercache": {"sd3": _NO_TIMESTEP, "pixart": _NO_TIMESTEP, "sana": _NO_TIMESTEP, "lumina2": _NO_TIMESTEP,
+                    "zimage": _NO_TIMESTEP, "ltx": "FasterCache needs unpacked latents, and LTX-Video packs them "
+                    "into a sequence", **{f: _NOT_BATCHED for f in ("flux", "wan", "qwenimage", "hunyuanvideo",
+                                                                     "chroma", "flux2")}},
+}
+
+
+def cache_unsupported_reason(text: str, family: str) -> str | None:
+    """Why the cache ``text`` cannot run on ``family`` (``None`` where it runs); ``ValueError`` for an
+    unknown cache."""
+    name, _ = parse_cache(text)
+    if family in CACHE_FAMILIES[name]:
+        return None
+    why = _WHY_NOT[name].get(family, "it was not checked with this cache")
+    return (f"cache {name!r} cannot run on {family}: {why} (diffusers {_diffusers_version()}). "
+            f"It runs on: {', '.join(CACHE_FAMILIES[name])}")
+
+
+def check_cache(text: str, family: str | None) -> tuple[str, float | None]:
+    """``parse_cache(text)``, and ``ValueError`` saying why (and where it runs instead) when the cache
+    cannot run on ``family`` (``None``: a family not known yet, not checked)."""
+    parsed = parse_cache(text)
+    if family is not None:
+        reason = cache_unsupported_reason(text, family)
+        if reason:
+            raise ValueError(reason)
+    return parsed
+
+
+def _diffusers_version() -> str:
+    import diffusers
+
+    return diffusers.__version__
+
+
+def disable_cache(transformer: Any) -> None:
+    """Undo :func:`enable_cache`: ``transformer.disable_cache()`` where it has one (CacheMixin), else
+    remove the step-cache hooks that diffusers' ``apply_*`` functions registered on its modules."""
+    if hasattr(transformer, "disable_cache"):
+        if getattr(transformer, "is_cache_enabled", False):
+            transformer.disable_cache()
+        return
+    for module in transformer.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for hook_name, hook in list(getattr(registry, "hooks", {}).items()):
+            if type(hook).__name__ in _CACHE_HOOK_CLASSES:
+                registry.remove_hook(hook_name, recurse=False)
+
+
+def reset_cache_state(transformer: Any) -> None:
+    """Reset the state of the step-cache hooks on ``transformer``'s modules (what a finished pipeline
+    call does for CacheMixin transformers), so the next call starts like a first one."""
+    for module in transformer.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for hook in list(getattr(registry, "hooks", {}).values()):
+            if type(hook).__name__ in _CACHE_HOOK_CLASSES and getattr(hook, "_is_stateful", False):
+                hook.reset_state(registry._module_ref)
+
+
+_CACHE_HOOK_CLASSES = (
+    "FBCHeadBlockHook", "FBCBlockHook", "MagCacheHeadHook", "MagCacheBlockHook", "TaylorSeerCacheHook",
+    "PyramidAttentionBroadcastHook", "FasterCacheBlockHook", "FasterCacheDenoiserHook",
+)

@@ -32,6 +32,9 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
+from cache_quant import apply_cache, apply_quant, cache_passes, check_cache_option, torchao_problem  # noqa: E402
+from pipelines.caches import CACHE_HELP, reset_cache_state  # noqa: E402
+from pipelines.quant import QUANT_HELP, QUANT_NAMES  # noqa: E402
 from media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, save_output, why_not_writable  # noqa: E402
 from speedups import (  # noqa: E402
     attention_backend_names, quiet_library_warnings, regional_compile, set_attention_backend)
@@ -87,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="regional torch.compile of the transformer's repeated blocks (combines with --bcg)")
     g.add_argument("--attention-backend", default=None, metavar="NAME",
                    help="diffusers attention backend, e.g. native, flash, _native_cudnn (set_attention_backend)")
+    g.add_argument("--cache", default=None, metavar="SPEC",
+                   help=f"a diffusers step cache on the transformer: {CACHE_HELP}; each run prints the module passes "
+                   "the cache computed and reused")
+    g.add_argument("--quant", choices=QUANT_NAMES, default=None,
+                   help=f"torchao quantization of the transformer, applied right after the build: {QUANT_HELP} "
+                   "(needs torchao: pip install -e \".[quant]\")")
     g.add_argument("--compare", action="store_true",
                    help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
                    "and whether the outputs are bitwise identical")
@@ -184,6 +193,13 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     device = choose_device(args, parser)
     dtype = pipelines.resolve_dtype(args.dtype, device)
     spec = family_or_checkpoint(args.model, parser)
+    if args.cache is not None:
+        try:  # a checkpoint's family is known after loading: checked again then
+            check_cache_option(args.cache, spec.name if spec is not None else None)
+        except ValueError as exc:
+            parser.error(f"--cache: {exc}")
+    if args.quant is not None and (problem := torchao_problem()):
+        parser.error(f"--quant {args.quant}: {problem}")
     size = args.size if spec is not None else "checkpoint"
     try:
         call = pipelines.plan_call(spec, args.size, prompt=args.prompt, height=args.height, width=args.width,
@@ -238,6 +254,16 @@ def build(plan: Plan, args):
     return pipe
 
 
+def quantize_transformer(pipe, args) -> list[str]:
+    """``--quant``: quantize the transformer with torchao right after the build; the note to print."""
+    if not args.quant:
+        return []
+    try:
+        return [apply_quant(pipe, args.quant)]
+    except Exception as exc:  # noqa: BLE001 - e.g. a config the device does not support
+        raise Failure(1, f"error: --quant {args.quant}: {type(exc).__name__}: {exc}") from exc
+
+
 def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
     """The call fitted to the pipeline, and notes on the attention backend and compilation set on it."""
     try:
@@ -270,23 +296,48 @@ def accelerate(pipe, plan: Plan, args) -> None:
         raise Failure(1, f"error: BCG could not be applied: {type(exc).__name__}: {exc}") from exc
 
 
+def enable_step_cache(pipe, plan: Plan, args, call: dict[str, Any]) -> None:
+    """``--cache``: enable the step cache on the transformer (a checkpoint's family is checked here)."""
+    if plan.spec is None:
+        raise Failure(2, f"error: --cache needs a known family; {plan.model} is none of {', '.join(pipelines.list_families())}")
+    try:
+        if not plan.is_family:
+            check_cache_option(args.cache, plan.spec.name)
+        print(f"  {apply_cache(pipe, args.cache, plan.spec.name, call['num_inference_steps'])}", flush=True)
+    except ValueError as exc:
+        raise Failure(2, f"generate.py: error: --cache: {exc}") from exc
+
+
+def counted_run(pipe, plan: Plan, args, call: dict[str, Any], label: str) -> RunResult:
+    """One timed run; with ``--cache`` from a fresh cache state, counting the module passes it computed and reused."""
+    if args.cache:
+        reset_cache_state(pipe.transformer)
+    with cache_passes(pipe.transformer, bool(args.cache)) as passes:
+        result = run_pipeline(pipe, call, args.seed, plan.device, label)
+    result.cache_passes = passes
+    return result
+
+
 def run(pipe, plan: Plan, args, call: dict[str, Any]) -> list[RunResult]:
     """The eager run (with ``--compare``), then the run asked for; BCG statistics on the last."""
     tag = " + compile" if args.compile else ""
+    tag += f" + {args.cache}" if args.cache else ""
     bcg_label = "bcg-debug" if args.debug_cuda_graph else "bcg"
     results = []
     try:
+        if args.compare and plan.cuda:  # one-off CUDA initialisation (cuBLAS, cuDNN, allocator) must not count
+            print("warm-up: one untimed 1-step eager call", flush=True)
+            run_pipeline(pipe, {**call, "num_inference_steps": 1}, args.seed, plan.device, "warm-up")
+        if args.cache:  # after the warm-up, before acceleration
+            enable_step_cache(pipe, plan, args, call)
         if args.compare:
-            if plan.cuda:  # one-off CUDA initialisation (cuBLAS, cuDNN, allocator) must not count against eager
-                print("warm-up: one untimed 1-step eager call", flush=True)
-                run_pipeline(pipe, {**call, "num_inference_steps": 1}, args.seed, plan.device, "warm-up")
-            results.append(run_pipeline(pipe, call, args.seed, plan.device, "eager" + tag))
+            results.append(counted_run(pipe, plan, args, call, "eager" + tag))
             label = bcg_label + tag + ("" if plan.cuda else " (inactive: no CUDA)")
         else:
             label = (bcg_label if plan.use_bcg and plan.cuda else "eager") + tag
         if plan.use_bcg:
             accelerate(pipe, plan, args)
-        results.append(run_pipeline(pipe, call, args.seed, plan.device, label))
+        results.append(counted_run(pipe, plan, args, call, label))
     except Failure:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -303,6 +354,8 @@ def print_run(result: RunResult) -> None:
               f"total {result.total_s:.2f} s")
     else:
         print(f"  {result.label}: total {result.total_s:.2f} s (no per-step times)")
+    if result.cache_passes is not None:
+        print(f"    step cache: {result.cache_passes}")
     for note in result.notes:
         print(f"    {note}")
 
@@ -350,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     build_s = time.perf_counter() - t0
     try:
+        quantized = quantize_transformer(pipe, args)
         call, notes = prepare(pipe, plan, args)
+        notes = quantized + notes
         print(f"built in {build_s:.1f} s; {', '.join(f'{k}={v!r}' for k, v in call.items() if k != 'prompt')}")
         for note in notes:
             print(f"  {note}")

@@ -89,6 +89,7 @@ class RunResult:
     latents: Any = None
     bcg_stats: Any = None
     notes: list[str] = field(default_factory=list)
+    cache_passes: Any = None  # bcg_diffusion.step_caches.CachePasses of the run (with a step cache)
 
     @property
     def median_step(self) -> float | None:

@@ -417,3 +417,139 @@ def test_bench_merge_drops_not_run_cases_that_ran_elsewhere(bench, tmp_path):
     assert bench.main(["--merge", *files, "--out-dir", str(tmp_path / "m")]) == 0
     merged = json.loads(next((tmp_path / "m").glob("*.json")).read_text())
     assert merged["not_run"] == [] and len(merged["cases"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py --cache and --quant; the [quant] extra
+# ---------------------------------------------------------------------------------------------------------
+COUNTS_LINE = re.compile(r"^    step cache: (\d+) module passes computed, (\d+) reused \(of (\d+)\)$", re.M)
+
+
+def _count_lines(text: str) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, m)) for m in COUNTS_LINE.findall(text)]
+
+
+@pytest.mark.parametrize("model, spec", [("flux", "fbc:0.5"), ("flux", "taylorseer:2"), ("flux", "magcache"),
+                                          ("flux", "pab:2"), ("cogvideox", "fastercache:2"), ("pixart", "magcache")])
+def test_generate_cache_prints_the_passes_computed_and_reused(generate, tmp_path, capsys, model, spec):
+    out = tmp_path / ("v.gif" if model == "cogvideox" else "i.png")
+    assert generate.main(["--model", model, "--cache", spec, "--steps", "4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    (counts,) = _count_lines(text)  # one run, one line
+    computed, reused, total = counts
+    assert total > 0 and computed > 0 and computed + reused == total, text
+    assert f"(--cache {spec})" in text  # the cache config was applied and said so
+
+
+def test_generate_cache_counts_both_runs_of_compare(generate, tmp_path, capsys):
+    out = tmp_path / "c.png"
+    assert generate.main(["--cache", "fbc:0.5", "--steps", "4", "--compare", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    eager, accel = _count_lines(text)
+    assert eager == accel and eager[1] > 0, text  # the same decisions in both runs, some passes reused
+    assert "outputs bitwise identical: YES" in text  # --compare still checks BCG against eager
+
+
+def test_generate_cache_off_prints_no_counts(generate, tmp_path, capsys):
+    assert generate.main(["--steps", "2", "--out", str(tmp_path / "n.png")]) == 0
+    assert "step cache:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, needle", [("bogus", "unknown cache 'bogus'"), ("fbc:abc", "must be a number"),
+                                          ("fbc:-1", "must be positive")])
+def test_generate_unknown_cache_spec_exits_2(generate, capsys, no_build, spec, needle):
+    assert generate.main(["--cache", spec]) == 2
+    err = capsys.readouterr().err
+    assert "--cache" in err and needle in err, err
+
+
+@pytest.mark.parametrize("model, spec, why", [
+    ("pixart", "fbc", "opens no transformer.cache_context"),
+    ("sd3", "pab", "has no current_timestep"),
+    ("flux", "fastercache", "one batched call"),
+    ("qwenimage", "pab:2", "text length"),
+    ("sana", "magcache", "TransformerBlockRegistry"),
+])
+def test_generate_cache_on_a_family_it_cannot_run_on_exits_2(generate, capsys, no_build, model, spec, why):
+    import pipelines.caches as caches
+
+    assert generate.main(["--model", model, "--cache", spec]) == 2
+    err = capsys.readouterr().err
+    name = spec.split(":")[0]
+    assert f"cannot run on {model}" in err and why in err, err
+    assert "It runs on: " + ", ".join(caches.CACHE_FAMILIES[name]) in err, err
+
+
+def _fake_torchao(monkeypatch, calls):
+    """A stand-in torchao package: the four configs and a quantize_ that records its arguments."""
+    import types
+
+    quantization = types.ModuleType("torchao.quantization")
+    for name in ("Float8DynamicActivationFloat8WeightConfig", "Float8WeightOnlyConfig", "Int8WeightOnlyConfig",
+                 "Int8DynamicActivationInt8WeightConfig"):
+        setattr(quantization, name, type(name, (), {}))
+    quantization.quantize_ = lambda module, config: calls.append((module, type(config).__name__))
+    package = types.ModuleType("torchao")
+    package.quantization = quantization
+    monkeypatch.setitem(sys.modules, "torchao", package)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+
+
+def _no_torchao(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # `import torchao...` raises ImportError
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp8wo", "int8wo", "int8"])
+def test_generate_quant_without_torchao_exits_2_with_the_install_hint(generate, capsys, monkeypatch, no_build, name):
+    from pipelines.quant import INSTALL_HINT
+
+    _no_torchao(monkeypatch)
+    assert generate.main(["--quant", name]) == 2
+    err = capsys.readouterr().err
+    assert INSTALL_HINT in err and f"--quant {name}" in err, err
+
+
+def test_generate_quant_unknown_name_exits_2(generate, capsys, no_build):
+    assert generate.main(["--quant", "int4"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, config", [("fp8", "Float8DynamicActivationFloat8WeightConfig"),
+                                          ("int8", "Int8DynamicActivationInt8WeightConfig")])
+def test_generate_quant_quantizes_the_transformer_after_the_build(generate, tmp_path, capsys, monkeypatch, name, config):
+    calls = []
+    _fake_torchao(monkeypatch, calls)
+    import pipelines
+
+    built = []
+    real_build = pipelines.build_pipeline
+
+    def build(*args, **kwargs):
+        pipe = real_build(*args, **kwargs)
+        built.append(pipe)
+        return pipe
+
+    monkeypatch.setattr(pipelines, "build_pipeline", build)
+    assert generate.main(["--quant", name, "--cache", "fbc", "--steps", "2", "--out", str(tmp_path / "q.png")]) == 0
+    text = capsys.readouterr().out
+    (pipe,) = built
+    assert calls == [(pipe.transformer, config)]  # once, on the built pipeline's transformer, with the config
+    assert f"torchao quantize_(transformer, {config}())" in text
+    assert ("runs eagerly" in text) == (name == "int8")  # int8 dynamic cannot be captured: said
+    assert len(_count_lines(text)) == 1
+
+
+def test_pyproject_quant_extra_pins_torchao():
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((SCRIPTS.parent / "pyproject.toml").read_text())["project"]
+    (req,) = [Requirement(r) for r in project["optional-dependencies"]["quant"]]
+    assert req.name == "torchao"
+    assert "0.17.0" in req.specifier and "0.18.1" in req.specifier  # 0.17.0 runs with torch 2.11 on the GPU machine
+    assert "0.16.0" not in req.specifier and "0.19.0" not in req.specifier
+    from pipelines.quant import INSTALL_HINT
+
+    assert 'pip install -e ".[quant]"' in INSTALL_HINT  # the hint names this extra

@@ -1,0 +1,95 @@
+"""CPU tests: ``pipelines.caches.CACHE_FAMILIES`` says where each step cache runs, and it is true.
+
+Every (cache, family) pair runs on the tiny pipeline with the family's default call (the call the
+scripts make): where the table says the cache runs, it runs and its cached modules see passes; where it
+says it does not, diffusers fails eagerly or caches nothing. ``generate.py --cache`` and the benchmark's
+cache row refuse the pairs the table excludes, before building anything, with the reason.
+"""
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+import pipelines
+from bcg_diffusion.step_caches import count_cache_passes
+from pipelines.caches import (
+    CACHE_FAMILIES, CACHE_NAMES, cache_config, cache_unsupported_reason, check_cache, disable_cache, enable_cache,
+    reset_cache_state)
+
+STEPS = 4
+PAIRS = [(name, family) for name in CACHE_NAMES for family in pipelines.list_families()]
+
+
+def _run_with_cache(family: str, name: str):
+    """One whole tiny generation with the cache; the CachePasses (raises where diffusers fails)."""
+    pipe = pipelines.build_pipeline(family, "tiny", device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    call, _ = pipelines.fit_call(pipe, pipelines.plan_call(family, "tiny", prompt="a fox", steps=STEPS), batch=1)
+    enable_cache(pipe.transformer, cache_config(name, pipe, family, STEPS, pipelines.get_family(family).cfg_mode))
+    with count_cache_passes(pipe.transformer) as passes, torch.inference_mode():
+        pipe(**call, generator=torch.Generator("cpu").manual_seed(0), output_type="latent")
+    return pipe, passes
+
+
+@pytest.fixture
+def quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("name, family", PAIRS, ids=[f"{n}-{f}" for n, f in PAIRS])
+def test_cache_families_table_is_true(quiet, name, family):
+    runs = family in CACHE_FAMILIES[name]
+    assert (cache_unsupported_reason(name, family) is None) == runs
+    try:
+        _, passes = _run_with_cache(family, name)
+    except Exception as exc:  # noqa: BLE001 - diffusers' own failure
+        assert not runs, f"{name} on {family} is listed as running but failed: {type(exc).__name__}: {exc}"
+        return
+    if runs:
+        assert passes.calls > 0 and passes.computed > 0, f"{name} on {family}: {passes}"
+    else:
+        assert passes.calls == 0, f"{name} on {family} is listed as not running, but it cached: {passes}"
+
+
+def test_every_family_and_cache_has_a_reason_where_it_does_not_run():
+    for name, family in PAIRS:
+        reason = cache_unsupported_reason(name, family)
+        if reason is not None:
+            assert "not checked" not in reason, (name, family, reason)
+            assert f"cannot run on {family}" in reason and "It runs on: " in reason
+            with pytest.raises(ValueError, match=f"cannot run on {family}"):
+                check_cache(name, family)
+    assert check_cache("fbc:0.3", "flux") == ("fbc", 0.3)
+    assert check_cache("fbc:0.3", None) == ("fbc", 0.3)  # family not known yet: the spec only
+    with pytest.raises(ValueError, match="unknown cache"):
+        check_cache("nocache", "flux")
+
+
+@pytest.mark.parametrize("family, name", [("flux", "fbc"), ("pixart", "magcache")])
+def test_disable_cache_removes_the_hooks_and_reset_restarts_the_decisions(quiet, family, name):
+    """CacheMixin transformers (Flux) and those with diffusers' apply_* hooks (PixArt) alike."""
+    from bcg_diffusion.step_caches import cached_modules
+
+    pipe, _ = _run_with_cache(family, name)
+    call, _ = pipelines.fit_call(pipe, pipelines.plan_call(family, "tiny", prompt="a fox", steps=STEPS), batch=1)
+
+    def run(**overrides):
+        with torch.inference_mode():
+            return pipe(**{**call, **overrides}, generator=torch.Generator("cpu").manual_seed(0), output_type="latent")[0]
+
+    reference = run()
+    run(num_inference_steps=1)  # cut short: PixArt's MagCache (no cache_context) keeps its state mid-way
+    reset_cache_state(pipe.transformer)
+    assert torch.equal(run(), reference)  # a fresh state: the same generation
+    assert cached_modules(pipe.transformer)
+    disable_cache(pipe.transformer)
+    assert not cached_modules(pipe.transformer)
+    disable_cache(pipe.transformer)  # twice: nothing to do
