@@ -3,8 +3,11 @@
 
 For each case (family, size, shape, batch) it builds the pipeline with random weights, records the inputs
 of the first transformer call of one real denoising step, and times ``transformer(**those inputs)`` in
-every mode, in one process, interleaved in rounds so that drift hits all modes alike. Modes: eager, bcg,
-whole_graph, compile, compile_bcg, reduce_overhead (``scripts/bench/modes.py``; docs/benchmarks.md).
+every mode, in one process, interleaved in rounds so that drift hits all modes alike. Default modes: eager,
+bcg, whole_graph, compile, compile_bcg, reduce_overhead; more with --modes (bcg_break, compile_bcg_break,
+compile_bcg_dynamic, compile_full_bcg, partition_ceiling; ``scripts/bench/modes.py``; docs/benchmarks.md).
+Case variants ``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8`` quantize the transformer; ``--cache-rows`` adds
+step caches end to end.
 
 Writes ``bench_step_<date>.json`` and ``.md`` into ``--out-dir`` (default ``bench_results/``), and the ``.png``
 chart where matplotlib is installed (``pip install -e ".[bench]"``). The parts live in ``scripts/bench/``.
@@ -26,14 +29,16 @@ from bench.cases import (  # noqa: E402,F401  (names re-exported for tests and r
 from bench.chart import CHART_NEEDS_MATPLOTLIB  # noqa: E402,F401
 from bench.measure import Settings, run_cases  # noqa: E402
 from bench.merge import merge_reports  # noqa: E402
-from bench.modes import CUDA_ONLY, MODE_REGISTRY, MODES  # noqa: E402,F401
+from bench.modes import CUDA_ONLY, DEFAULT_MODES, MODE_REGISTRY, MODES  # noqa: E402,F401
+from pipelines.caches import CACHE_HELP, parse_cache  # noqa: E402
 from bench.report import environment, output_base, write_report  # noqa: E402
 from bench.timing import (  # noqa: E402,F401
     AUTO_ROUND_S, DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP, MIN_AUTO_ITERS, Clock, auto_iters)
 
 QUICK_ITERS, QUICK_ROUNDS = 10, 3
-NO_CUDA_NOTE = ("note: no CUDA GPU: running eager and bcg (a no-op without CUDA) on tiny models to test the code "
-                "path; whole_graph and the compile modes are n/a (needs CUDA). CPU timings say nothing about BCG.")
+NO_CUDA_NOTE = ("note: no CUDA GPU: running eager, bcg and bcg_break (BCG is a no-op without CUDA) on tiny models to "
+                "test the code path; whole_graph and the compile modes are n/a (needs CUDA). CPU timings say nothing "
+                "about BCG.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,9 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         "measured interleaved in one process. See docs/benchmarks.md.",
     )
     p.add_argument("--cases", default=None,
-                   help="comma-separated cases family[:size][:HxW][:fFRAMES][:bBATCH], e.g. "
-                   "'pixart:full:512x512:b1,flux:full:1024x1024:b1' (default: the full matrix; --quick: a small one)")
-    p.add_argument("--modes", default=None, help=f"comma-separated modes out of {','.join(MODES)} (default: all)")
+                   help="comma-separated cases family[:size][:HxW][:fFRAMES][:bBATCH][@VARIANT], e.g. "
+                   "'pixart:full:512x512:b1,flux:full:1024x1024:b1@fp8' (variants: fp8, fp8wo, int8wo, int8, "
+                   "torchao quantization; default: the full matrix; --quick: a small one)")
+    p.add_argument("--modes", default=None,
+                   help=f"comma-separated modes out of {','.join(MODES)} (default: the matrix's, else "
+                   f"{','.join(DEFAULT_MODES)})")
     p.add_argument("--iters", type=int, default=None,
                    help=f"timed calls per mode per round (default: enough for about {AUTO_ROUND_S} s, "
                    f"{MIN_AUTO_ITERS} to {DEFAULT_ITERS} calls; --quick: {QUICK_ITERS})")
@@ -57,7 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--e2e", action=argparse.BooleanOptionalAction, default=None,
                    help="also time a full pipe(...) call eager vs BCG (first call with capture, then a second). "
                    "Default: on for --cases and --quick, and for the launch-bound cases of the default matrix")
-    p.add_argument("--e2e-steps", type=int, default=None, help="steps of the end-to-end call (default: the family's)")
+    p.add_argument("--e2e-steps", type=int, default=None,
+                   help="steps of the end-to-end and cache calls (default: the family's)")
+    p.add_argument("--cache-rows", default=None, metavar="SPEC[,SPEC...]",
+                   help=f"add the whole-pipeline cache row for each step cache: {CACHE_HELP}. Per spec: eager + "
+                   "cache, BCG + cache (first and second call), BCG alone, the passes computed and reused, and "
+                   "whether BCG + cache equals eager + cache bitwise (runs whatever --e2e says)")
+    p.add_argument("--cache-compile", action="store_true",
+                   help="with --cache-rows: also time regional torch.compile + the cache (no BCG)")
     p.add_argument("--check-weights", choices=("per_pipeline_call", "every_call", "auto"), default="per_pipeline_call",
                    help="BCGConfig.check_weights of the bcg modes. The benchmark calls a bare transformer, for which "
                    "the library default ('auto') recomputes the weight fingerprint on every call; inside a pipeline "
@@ -94,6 +109,15 @@ def check_options(opts, parser: argparse.ArgumentParser) -> list[str] | None:
             parse_shard(opts.shard)
         except ValueError as exc:
             parser.error(str(exc))
+    if opts.cache_compile and not opts.cache_rows:
+        parser.error("--cache-compile needs --cache-rows")
+    for spec in cache_specs(opts):
+        try:
+            parse_cache(spec)
+        except ValueError as exc:
+            parser.error(f"--cache-rows: {exc}")
+    if opts.cache_rows is not None and not cache_specs(opts):
+        parser.error(f"--cache-rows {opts.cache_rows!r} names no cache; give e.g. fbc:0.5,taylorseer:2")
     if not opts.modes:
         return None
     modes = [m.strip() for m in opts.modes.split(",") if m.strip()]
@@ -101,6 +125,10 @@ def check_options(opts, parser: argparse.ArgumentParser) -> list[str] | None:
     if unknown or not modes:
         parser.error(f"--modes: unknown mode(s) {', '.join(unknown) or repr(opts.modes)}; choose from {', '.join(MODES)}")
     return modes
+
+
+def cache_specs(opts) -> tuple[str, ...]:
+    return tuple(t.strip() for t in (opts.cache_rows or "").split(",") if t.strip())
 
 
 def choose_cases(opts, parser: argparse.ArgumentParser, cuda: bool):
@@ -118,7 +146,8 @@ def choose_cases(opts, parser: argparse.ArgumentParser, cuda: bool):
 
 def new_report(opts, argv, device, dtype, cuda: bool, skipped) -> dict:
     settings = {"iters": opts.iters, "rounds": opts.rounds, "warmup": opts.warmup, "e2e": opts.e2e,
-                "e2e_steps": opts.e2e_steps, "seed": opts.seed, "quick": opts.quick, "shard": opts.shard,
+                "e2e_steps": opts.e2e_steps, "cache_rows": list(cache_specs(opts)),
+                "cache_compile": opts.cache_compile, "seed": opts.seed, "quick": opts.quick, "shard": opts.shard,
                 "time_budget_s": opts.time_budget, "bcg_config_of_step_modes": {"check_weights": opts.check_weights},
                 "argv": sys.argv[1:] if argv is None else list(argv),
                 "timing": "CUDA events per call" if cuda else "perf_counter per call (no CUDA)"}
@@ -165,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{env['diffusers']}" + (f", shard {opts.shard}" if opts.shard else ""), flush=True)
     base = output_base(opts.out_dir)
     settings = Settings(opts.iters, opts.rounds, opts.warmup, opts.seed, opts.e2e, opts.e2e_steps,
-                        {"check_weights": opts.check_weights})
+                        {"check_weights": opts.check_weights}, cache_specs(opts), opts.cache_compile)
     run_cases(cases, mode_override, settings, device, dtype, Clock(cuda), lambda msg: print(msg, flush=True),
               report, opts.time_budget, lambda: write_report(report, base, chart=False))
     print(f"done in {report['total_s']:.0f} s", flush=True)

@@ -1,8 +1,10 @@
 """What to measure: the case syntax, the default matrices, shards.
 
 A case is ``family[:size][:HxW][:fFRAMES][:bBATCH][@VARIANT]``, e.g. ``pixart:full:512x512:b2``. A variant
-(e.g. a quantized build) names an entry of :data:`VARIANTS`: a function that changes the built pipeline
-before anything is measured; add one there to get a new kind of case.
+names an entry of :data:`VARIANTS`: a function that changes the built pipeline before anything is measured
+(``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8``: the transformer quantized with torchao); add one there to get
+a new kind of case. A variant with an ``unavailable()`` method that returns a reason (torchao missing) makes
+the case skipped with that reason.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import pipelines
+from cache_quant import apply_quant, torchao_problem
+from pipelines.quant import QUANT_NAMES
 
-from .modes import MODES
+from .modes import DEFAULT_MODES
 
 # The default matrix: a launch-bound (small) and a compute-bound (large) shape per family, in the order
 # that --shard deals out by family (K/3: pixart+qwenimage, sd3+flux, sana+wan take similar time).
@@ -22,6 +26,7 @@ from .modes import MODES
 # launch gaps that a compute-bound step does not have, and `compile` already measures fusion there.
 # Their end-to-end row is skipped too (it would repeat the per-step ratio over 20-50 long steps).
 COMPUTE_BOUND_MODES = ("eager", "bcg", "whole_graph", "compile", "compile_bcg")
+MODES = DEFAULT_MODES  # the launch-bound cases' modes (new modes are chosen with --modes)
 DEFAULT_MATRIX = (
     ("pixart:full:512x512:b1", MODES, True),
     ("pixart:full:1024x1024:b1", COMPUTE_BOUND_MODES, False),
@@ -43,8 +48,28 @@ QUICK_MATRIX = (
     ("sd3:full:512x512:b1", ("eager", "bcg", "whole_graph"), True),
 )
 
+class QuantVariant:
+    """``@fp8`` and its siblings: the transformer quantized with torchao (``pipelines.quant``) right after the
+    build, the same quantization in every mode of the case."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def unavailable(self) -> str | None:
+        return torchao_problem()
+
+    def __call__(self, pipe) -> str:
+        return apply_quant(pipe, self.name)
+
+
 #: Case variants: name -> function(pipe) -> a note for the report; applied right after the build.
-VARIANTS: dict[str, Callable[[object], str]] = {}
+VARIANTS: dict[str, Callable[[object], str]] = {name: QuantVariant(name) for name in QUANT_NAMES}
+
+
+def variant_problem(case: "Case") -> str | None:
+    """Why ``case``'s variant cannot run here (``None`` if it can, or the case has none)."""
+    check = getattr(VARIANTS.get(case.variant), "unavailable", None)
+    return check() if check else None
 
 
 @dataclass
@@ -164,6 +189,10 @@ def select_cases(entries, cuda: bool, strict: bool) -> tuple[list[Case], list[di
             if strict:
                 raise ValueError(f"--cases: {exc}") from exc
             skipped.append({"case": text, "error": str(exc)})
+            continue
+        problem = variant_problem(case)
+        if problem:  # e.g. torchao missing: skipped with the install hint, the other cases run
+            skipped.append({"case": text, "error": problem})
             continue
         if cuda or case.label not in seen:
             seen.add(case.label)

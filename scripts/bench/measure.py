@@ -2,9 +2,9 @@
 
 Modes are timed in rounds (mode A x N, mode B x N, ..., repeated R times) so that drift hits all alike.
 BCG patches attention functions process-wide while any module is accelerated, which would give eager
-calls an extra wrapper and the compiled modes graph breaks: so BCG modes run last in each round and are
-un-accelerated while the others run (and re-accelerated, i.e. recaptured with untimed warm-up calls,
-before their own turn).
+calls an extra wrapper and the compiled modes the attention custom ops: so BCG modes (and
+``partition_ceiling``, which installs the same wrappers) run last in each round and are deactivated while
+the others run (and reactivated, i.e. recaptured with untimed warm-up calls, before their own turn).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import torch
 import pipelines
 
 from .cases import VARIANTS, Case
-from .modes import BCG_MODES, COMPILED, MODE_REGISTRY, Runner, StepContext, bcg_stats_dict
+from .modes import (
+    COMPILED, DEFAULT_MODES, EXCLUSIVE_MODES, MODE_REGISTRY, ModeUnavailable, Runner, StepContext, bcg_stats_dict)
+from .report import case_ratios
 from .rows import ROW_REGISTRY
 from .timing import Clock, auto_iters, profile_kernels, summarize
 from .trees import clone_tree, describe_tree
@@ -40,6 +42,8 @@ class Settings:
     rows: bool | None  # whole-pipeline rows: None means each case's own setting
     e2e_steps: int | None
     bcg_options: dict[str, Any]
+    cache_rows: tuple[str, ...] = ()  # --cache-rows: the step caches of the cache row (empty: no cache row)
+    cache_compile: bool = False  # --cache-compile: the cache row also runs regional compile + cache
 
 
 def err_text(exc: BaseException) -> str:
@@ -92,6 +96,13 @@ def _safe_deactivate(runner: Runner) -> None:
         pass
 
 
+def _safe_close(runner: Runner) -> None:
+    try:
+        runner.close()
+    except Exception:  # noqa: BLE001 - cleanup must not mask the result
+        pass
+
+
 class _Memory:
     """Peak and retained CUDA memory of a mode's set-up (nothing without CUDA)."""
 
@@ -127,13 +138,14 @@ def set_up_mode(name: str, ctx: StepContext, settings: Settings, clock: Clock, r
             if name == "eager":  # is eager itself bitwise repeatable? (else "= eager" cannot hold)
                 res["repeatable"] = bool(torch.equal(runner.fn(), out))
         except BaseException:
-            _safe_deactivate(runner)
+            _safe_close(runner)
             raise
     runner.iters = settings.iters or auto_iters(min(warm) if warm else first_s)
     res.update(iters_per_round=runner.iters, construct_s=construct_s, first_call_s=first_s, warmup_s=warm,
                notes=list(runner.notes), **memory.report())
     res.update({k: v for k, v in runner.extra.items() if isinstance(v, (int, float))})
     if runner.is_bcg:
+        res["bcg_config"] = dict(runner.bcg_options)
         res["bcg_stats_after_setup"] = bcg_stats_dict(runner.module)
     return runner, out
 
@@ -143,7 +155,7 @@ def set_up_modes(ctx, modes, settings, clock, log) -> tuple[dict[str, dict], dic
     results: dict[str, dict[str, Any]] = {}
     runners: dict[str, Runner] = {}
     reference = None
-    for name in [m for m in modes if m not in BCG_MODES] + [m for m in modes if m in BCG_MODES]:
+    for name in [m for m in modes if m not in EXCLUSIVE_MODES] + [m for m in modes if m in EXCLUSIVE_MODES]:
         mode = MODE_REGISTRY[name]
         res = results[name] = {"status": "ok", "torch_compile": mode.torch_compile, "description": mode.description}
         if mode.needs_cuda and not ctx.cuda:
@@ -152,8 +164,10 @@ def set_up_modes(ctx, modes, settings, clock, log) -> tuple[dict[str, dict], dic
         try:
             runners[name], out = set_up_mode(name, ctx, settings, clock, res)
         except Exception as exc:  # noqa: BLE001 - one mode's failure must not stop the others
-            res.update(status="n/a" if name == "whole_graph" else "error", reason=err_text(exc),
-                       traceback=traceback.format_exc(limit=8))
+            unavailable = name == "whole_graph" or isinstance(exc, ModeUnavailable)
+            res.update(status="n/a" if unavailable else "error", reason=err_text(exc))
+            if not isinstance(exc, ModeUnavailable):
+                res["traceback"] = traceback.format_exc(limit=8)
             log(f"    {name}: {res['status']}: {res['reason']}")
             free_memory(ctx.cuda)
             continue
@@ -175,11 +189,11 @@ def time_rounds(runners: dict[str, Runner], results, settings: Settings, clock: 
             runner = runners[name]
             try:
                 with torch.inference_mode():
-                    if runner.is_bcg and not runner.accelerated:
+                    if runner.patches_attention and not runner.accelerated:
                         runner.activate(clock.cuda)
                         for _ in range(settings.warmup):  # recapture and settle, untimed
                             runner.fn()
-                    elif not runner.is_bcg:
+                    elif not runner.patches_attention:
                         for other in runners.values():
                             _safe_deactivate(other)
                     chunk = clock.calls(runner.fn, runner.iters)
@@ -187,7 +201,7 @@ def time_rounds(runners: dict[str, Runner], results, settings: Settings, clock: 
                 parts.append(f"{name} {1e3 * statistics.median(chunk):.2f}")
             except Exception as exc:  # noqa: BLE001
                 results[name].update(status="error", reason=f"during timing: {err_text(exc)}")
-                _safe_deactivate(runners.pop(name))
+                _safe_close(runners.pop(name))
                 parts.append(f"{name} error")
         log(f"    round {rnd + 1}/{settings.rounds} (median ms): " + ", ".join(parts))
     return times
@@ -235,6 +249,8 @@ def run_modes(ctx: StepContext, modes: list[str], settings: Settings, clock: Clo
         _safe_deactivate(runner)
     if ctx.cuda and "eager" in runners:
         profile_eager(runners["eager"], results["eager"], log)
+    for runner in runners.values():
+        _safe_close(runner)
     return results
 
 
@@ -260,14 +276,16 @@ def measure_case(pipe, case: Case, modes: list[str], settings: Settings, clock: 
     log(f"    step inputs: hidden_states {describe_tree(hs)}, {ncalls} transformer call(s) per step")
     ctx = StepContext(pipe.transformer, args, kwargs, clock.cuda, settings.bcg_options)
     result["modes"] = run_modes(ctx, modes, settings, clock, log)
+    result["ratios"] = case_ratios(result["modes"])
     del ctx
     free_memory(clock.cuda, dynamo=any(m in COMPILED for m in modes))
-    if not (case.rows if settings.rows is None else settings.rows):
+    rows = [row for row in ROW_REGISTRY.values() if row.enabled(case, settings)]
+    if not rows:
         return
     call = case_call(pipe, case, settings.e2e_steps or pipelines.get_family(case.family).default_steps)
-    for row in ROW_REGISTRY.values():
+    for row in rows:
         try:
-            result[row.name] = row.run(pipe, call, settings.seed, clock, log)
+            result[row.name] = row.run(pipe, call, settings.seed, clock, log, case=case, settings=settings)
         except Exception as exc:  # noqa: BLE001
             result[row.name] = {"error": err_text(exc)}
             log(f"    {row.name}: error: {result[row.name]['error']}")
@@ -307,7 +325,7 @@ def run_cases(cases: list[Case], mode_override, settings: Settings, device, dtyp
             log(f"time budget of {time_budget:.0f} s spent after {elapsed:.0f} s: not running "
                 + ", ".join(report["not_run"]))
             break
-        modes = list(mode_override or case.modes or MODE_REGISTRY)
+        modes = list(mode_override or case.modes or DEFAULT_MODES)
         log(f"[{i}/{len(cases)}] {case.label}: modes {', '.join(modes)}" + (f" ({case.note})" if case.note else ""))
         report["cases"].append(run_case(case, modes, settings, device, dtype, clock, log))
         report["total_s"] = time.perf_counter() - t_start

@@ -1,9 +1,11 @@
 """How one transformer call is run in each mode: a registry of modes, each a set-up function.
 
 To add a mode (a compile policy, a quantized variant of a mode, ...): write ``setup(ctx) -> Runner`` and
-call :func:`register` with its :class:`Mode`. Modes run in registry order within a round, BCG modes last.
-Every mode but eager works on its own weight-sharing copy of the transformer, so compiled and BCG modes
-never stack by accident and eager stays eager.
+call :func:`register` with its :class:`Mode`. Modes run in registry order within a round, the modes that
+patch attention process-wide (BCG modes, ``partition_ceiling``) last. Every mode but eager works on its
+own weight-sharing copy of the transformer, so compiled and BCG modes never stack by accident and eager
+stays eager. :data:`DEFAULT_MODES` are the modes of the default matrix and of ``--cases`` without
+``--modes``; the others run when ``--modes`` names them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from speedups import quiet_library_warnings, regional_compile
 
 from .trees import clone_tree, copy_tree_, first_tensor, weight_sharing_copy
 
+# The inductor config of partition_ceiling: Inductor partitions its CUDA graphs at the attention custom ops.
+PARTITION_OPS = ["bcg::sdpa", "bcg::dispatch_attention"]
 STATS_FIELDS = ("hits", "misses", "captures", "eager_calls", "capture_time_s", "graph_memory_bytes")
 ENTRY_FIELDS = ("key", "segments", "breaks", "capture_time_s", "memory_bytes", "hits", "fallback")
 
@@ -37,9 +41,18 @@ class StepContext:
         return module(*self.args, **self.kwargs)
 
 
+class ModeUnavailable(RuntimeError):
+    """The mode cannot run in this environment (reported as ``n/a`` with the reason, not as an error)."""
+
+
 @dataclass
 class Runner:
-    """A mode, set up: ``fn()`` makes one call and returns its output tensor."""
+    """A mode, set up: ``fn()`` makes one call and returns its output tensor.
+
+    Modes that patch attention process-wide are *active* only during their own turn: BCG modes (the copy
+    is accelerated) and those with ``on_activate`` / ``on_deactivate`` (``partition_ceiling`` installs the
+    attention wrappers). ``teardown`` runs once when the case is done with the mode.
+    """
 
     name: str
     fn: Callable[[], Any]
@@ -50,23 +63,49 @@ class Runner:
     accelerated: bool = False
     activations: int = 0
     iters: int = 1  # timed calls per round
+    on_activate: Callable[[], None] | None = None  # non-BCG modes that patch attention (partition_ceiling)
+    on_deactivate: Callable[[], None] | None = None
+    teardown: Callable[[], None] | None = None
 
     @property
     def is_bcg(self) -> bool:
         return self.bcg_options is not None
 
+    @property
+    def patches_attention(self) -> bool:
+        """Active only in its own turn (BCG modes and modes with ``on_activate``)."""
+        return self.is_bcg or self.on_activate is not None
+
     def activate(self, cuda: bool) -> None:
-        """BCG modes: accelerate the copy (again), which recaptures on the next calls."""
-        if self.is_bcg and not self.accelerated:
+        """BCG modes: accelerate the copy (again), which recaptures on the next calls; others: ``on_activate``."""
+        if not self.patches_attention or self.accelerated:
+            return
+        if self.is_bcg:
             accelerate_copy(self.module, cuda, self.bcg_options)
-            self.accelerated = True
-            self.activations += 1
+        else:
+            self.on_activate()
+        self.accelerated = True
+        self.activations += 1
 
     def deactivate(self) -> None:
-        """BCG modes: remove the acceleration (BCG patches attention process-wide while any module has it)."""
-        if self.is_bcg and self.accelerated:
-            self.accelerated = False
+        """BCG modes: remove the acceleration (BCG patches attention process-wide while any module has it);
+        others: ``on_deactivate``."""
+        if not self.patches_attention or not self.accelerated:
+            return
+        self.accelerated = False
+        if self.is_bcg:
             bcg_diffusion.remove_acceleration(self.module)
+        elif self.on_deactivate is not None:
+            self.on_deactivate()
+
+    def close(self) -> None:
+        """Deactivate, then ``teardown`` (once)."""
+        try:
+            self.deactivate()
+        finally:
+            teardown, self.teardown = self.teardown, None
+            if teardown is not None:
+                teardown()
 
 
 @dataclass(frozen=True)
@@ -77,6 +116,12 @@ class Mode:
     needs_cuda: bool = False
     torch_compile: bool = False
     bcg: bool = False  # accelerated with BCG: runs last in each round (see measure.time_rounds)
+    patches_attention: bool = False  # installs the attention wrappers without BCG: runs with the BCG modes
+
+    @property
+    def exclusive(self) -> bool:
+        """Patches attention process-wide while active: active only in its own turn, after the others."""
+        return self.bcg or self.patches_attention
 
 
 MODE_REGISTRY: dict[str, Mode] = {}
@@ -115,15 +160,33 @@ def setup_eager(ctx: StepContext) -> Runner:
     return Runner("eager", lambda: first_tensor(ctx.call(t)), module=t)
 
 
-def setup_bcg(ctx: StepContext) -> Runner:
+def _bcg_runner(name: str, ctx: StepContext, module, notes: list[str], attention: str | None = None,
+                extra: dict[str, Any] | None = None) -> Runner:
+    """A BCG mode on ``module``, accelerated (``attention``: the BCGConfig policy; None: the library default)."""
+    options = dict(ctx.bcg_options, **({"attention": attention} if attention else {}))
+    if attention:
+        notes = notes + [f"BCGConfig(attention={attention!r})"]
+    runner = Runner(name, lambda: first_tensor(ctx.call(module)), module=module, notes=notes, extra=extra or {},
+                    bcg_options=options)
+    runner.activate(ctx.cuda)
+    return runner
+
+
+def _sync(ctx: StepContext) -> None:
+    if ctx.cuda:
+        torch.cuda.synchronize()
+
+
+def setup_bcg(ctx: StepContext, name: str = "bcg", attention: str | None = None) -> Runner:
     module = weight_sharing_copy(ctx.transformer)
     notes = ["accelerate_transformer on a weight-sharing copy of the transformer"]
     if not ctx.cuda:
         notes.append("no CUDA: accelerate_transformer is a no-op, so this is eager")
-    runner = Runner("bcg", lambda: first_tensor(ctx.call(module)), module=module, notes=notes,
-                    bcg_options=ctx.bcg_options)
-    runner.activate(ctx.cuda)
-    return runner
+    return _bcg_runner(name, ctx, module, notes, attention)
+
+
+def setup_bcg_break(ctx: StepContext) -> Runner:
+    return setup_bcg(ctx, "bcg_break", attention="break")
 
 
 def setup_whole_graph(ctx: StepContext) -> Runner:
@@ -161,14 +224,13 @@ def setup_whole_graph(ctx: StepContext) -> Runner:
                          "the inputs in and clones the output"])
 
 
-def _compiled_copy(ctx: StepContext) -> tuple[Any, str, float]:
+def _compiled_copy(ctx: StepContext, **compile_kwargs) -> tuple[Any, str, float]:
     module = weight_sharing_copy(ctx.transformer)
-    desc = regional_compile(module)
+    desc = regional_compile(module, **compile_kwargs)
     t0 = time.perf_counter()
     for _ in range(2):  # compile now (and not under a BCG capture later)
         ctx.call(module)
-    if ctx.cuda:
-        torch.cuda.synchronize()
+    _sync(ctx)
     return module, desc, time.perf_counter() - t0
 
 
@@ -178,12 +240,39 @@ def setup_compile(ctx: StepContext) -> Runner:
                   extra={"compile_calls_s": secs})
 
 
-def setup_compile_bcg(ctx: StepContext) -> Runner:
-    module, desc, secs = _compiled_copy(ctx)
-    runner = Runner("compile_bcg", lambda: first_tensor(ctx.call(module)), module=module,
-                    notes=[desc + ", then accelerate_transformer"], extra={"compile_calls_s": secs},
-                    bcg_options=ctx.bcg_options)
-    runner.activate(ctx.cuda)
+def setup_compile_bcg(ctx: StepContext, name: str = "compile_bcg", attention: str | None = None,
+                      **compile_kwargs) -> Runner:
+    module, desc, secs = _compiled_copy(ctx, **compile_kwargs)
+    return _bcg_runner(name, ctx, module, [desc + ", then accelerate_transformer"], attention,
+                       extra={"compile_calls_s": secs})
+
+
+def setup_compile_bcg_break(ctx: StepContext) -> Runner:
+    return setup_compile_bcg(ctx, "compile_bcg_break", attention="break")
+
+
+def setup_compile_bcg_dynamic(ctx: StepContext) -> Runner:
+    return setup_compile_bcg(ctx, "compile_bcg_dynamic", dynamic=True)
+
+
+def setup_compile_full_bcg(ctx: StepContext) -> Runner:
+    """Whole-module compile (default mode: no CUDA graphs of Inductor) below BCG: the copy's ``forward`` is
+    replaced by its compiled version (an instance attribute), then the copy is accelerated, so BCG's runner
+    is outermost and the compiled forward, with attention as the bcg custom ops, runs inside it."""
+    module = weight_sharing_copy(ctx.transformer)
+    module.forward = torch.compile(module.forward)
+    notes = ["whole-module torch.compile (default mode) of forward on a weight-sharing copy, then accelerate_transformer"]
+    runner = _bcg_runner("compile_full_bcg", ctx, module, notes)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(2):  # compile (in BCG's warm-up) and capture now; later calls replay
+            ctx.call(module)
+        _sync(ctx)
+    except BaseException:
+        runner.close()
+        raise
+    runner.extra["compile_calls_s"] = secs = time.perf_counter() - t0
+    runner.notes.append(f"compile + first capture: {secs:.1f} s")
     return runner
 
 
@@ -199,19 +288,86 @@ def setup_reduce_overhead(ctx: StepContext) -> Runner:
                          "(cudagraph trees); output cloned"])
 
 
+def partition_config_problem(inductor_config: Any = None) -> str | None:
+    """Why Inductor cannot partition its CUDA graphs at the attention op in this torch (``None`` if it can);
+    ``inductor_config``: ``torch._inductor.config`` unless given (tests)."""
+    if inductor_config is None:
+        import torch._inductor.config as inductor_config
+
+    missing = [k for k in ("graph_partition", "custom_should_partition_ops") if not hasattr(inductor_config, k)]
+    if missing:
+        return (f"torch {torch.__version__} has no torch._inductor.config.{' or '.join(missing)}, so Inductor cannot "
+                "partition its CUDA graphs at the attention op")
+    return None
+
+
+def setup_partition_ceiling(ctx: StepContext, inductor_config: Any = None) -> Runner:
+    """The ceiling of compiled code with eager attention, done by torch itself: ``torch.compile(copy,
+    mode="reduce-overhead")`` with Inductor's graph partition, split at the attention custom ops (the
+    wrappers of bcg_diffusion.attention_breaks, installed while this mode is active, make attention the ops
+    when traced). The inductor config is patched around every call, so compilation (on the first calls,
+    and any recompile) sees it; other modes never do."""
+    problem = partition_config_problem(inductor_config)
+    if problem:
+        raise ModeUnavailable(problem)
+    from bcg_diffusion import attention_breaks
+
+    module = weight_sharing_copy(ctx.transformer)
+    compiled = torch.compile(module, mode="reduce-overhead")
+    config = torch._inductor.config.patch(graph_partition=True, custom_should_partition_ops=list(PARTITION_OPS))
+    undo: list[Callable[[], None]] = []
+
+    def install():
+        undo.append(attention_breaks.install(module))
+
+    def uninstall():
+        while undo:
+            undo.pop()()
+
+    def call():
+        torch.compiler.cudagraph_mark_step_begin()
+        with config:
+            out = first_tensor(ctx.call(compiled))
+        return out.clone()
+
+    runner = Runner("partition_ceiling", call, module=compiled, on_activate=install, on_deactivate=uninstall,
+                    teardown=uninstall,
+                    notes=["torch.compile(transformer, mode='reduce-overhead') of the whole module with "
+                           f"graph_partition=True, custom_should_partition_ops={PARTITION_OPS}: Inductor's CUDA "
+                           "graphs split at attention, which runs eagerly; output cloned"])
+    runner.activate(ctx.cuda)
+    return runner
+
+
 register(Mode("eager", "the transformer as diffusers runs it (the baseline)", setup_eager))
-register(Mode("bcg", "breakable CUDA graphs: graph segments with attention run eagerly between them", setup_bcg,
-              bcg=True))
+register(Mode("bcg", "breakable CUDA graphs with the library's default attention policy (capture_safe: attention "
+              "captured where its kernel is known capturable, an eager break elsewhere)", setup_bcg, bcg=True))
+register(Mode("bcg_break", "breakable CUDA graphs with BCGConfig(attention='break'): every attention call an eager "
+              "break", setup_bcg_break, bcg=True))
 register(Mode("whole_graph", "one torch.cuda.CUDAGraph of the whole call (static inputs): the practical floor",
               setup_whole_graph, needs_cuda=True))
 register(Mode("compile", "regional torch.compile (default mode) of the repeated blocks", setup_compile,
               needs_cuda=True, torch_compile=True))
-register(Mode("compile_bcg", "regional torch.compile plus breakable CUDA graphs", setup_compile_bcg,
-              needs_cuda=True, torch_compile=True, bcg=True))
+register(Mode("compile_bcg", "regional torch.compile plus breakable CUDA graphs (default attention policy)",
+              setup_compile_bcg, needs_cuda=True, torch_compile=True, bcg=True))
+register(Mode("compile_bcg_break", "regional torch.compile plus breakable CUDA graphs with attention='break'",
+              setup_compile_bcg_break, needs_cuda=True, torch_compile=True, bcg=True))
+register(Mode("compile_bcg_dynamic", "regional torch.compile with dynamic=True, then breakable CUDA graphs",
+              setup_compile_bcg_dynamic, needs_cuda=True, torch_compile=True, bcg=True))
+register(Mode("compile_full_bcg", "whole-module torch.compile (default mode, no Inductor CUDA graphs) of forward, "
+              "under breakable CUDA graphs (the BCG runner outermost)", setup_compile_full_bcg, needs_cuda=True,
+              torch_compile=True, bcg=True))
 register(Mode("reduce_overhead", "torch.compile(transformer, mode='reduce-overhead') of the whole module",
               setup_reduce_overhead, needs_cuda=True, torch_compile=True))
+register(Mode("partition_ceiling", "torch.compile(transformer, mode='reduce-overhead') with Inductor's graph "
+              "partition at the attention custom ops: compiled code with eager attention, done by torch (the ceiling "
+              "for compile + BCG)", setup_partition_ceiling, needs_cuda=True, torch_compile=True,
+              patches_attention=True))
 
 MODES = tuple(MODE_REGISTRY)
+# The modes of the default matrix, and of --cases without --modes (the others are chosen with --modes).
+DEFAULT_MODES = ("eager", "bcg", "whole_graph", "compile", "compile_bcg", "reduce_overhead")
 CUDA_ONLY = tuple(m.name for m in MODE_REGISTRY.values() if m.needs_cuda)
 COMPILED = tuple(m.name for m in MODE_REGISTRY.values() if m.torch_compile)
 BCG_MODES = tuple(m.name for m in MODE_REGISTRY.values() if m.bcg)
+EXCLUSIVE_MODES = tuple(m.name for m in MODE_REGISTRY.values() if m.exclusive)  # active in their own turn only

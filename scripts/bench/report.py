@@ -24,6 +24,27 @@ from .timing import AUTO_ROUND_S, DEFAULT_ITERS, MIN_AUTO_ITERS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUFFIXES = (".json", ".md", ".png")
+# Ratios of median step times reported per case where both modes ran: (numerator, denominator).
+RATIOS = (
+    ("bcg", "whole_graph"),
+    ("bcg_break", "whole_graph"),
+    ("compile_bcg", "compile"),
+    ("compile_bcg", "reduce_overhead"),
+    ("compile_full_bcg", "reduce_overhead"),
+    ("compile_bcg", "partition_ceiling"),
+    ("compile_bcg_break", "compile"),
+    ("compile_bcg_dynamic", "compile_bcg"),
+)
+
+
+def case_ratios(modes: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """``{"a/b": median_a / median_b}`` for the pairs of :data:`RATIOS` where both modes ran."""
+    out = {}
+    for a, b in RATIOS:
+        ma, mb = (modes.get(m, {}).get("median_ms") for m in (a, b))
+        if ma and mb:
+            out[f"{a}/{b}"] = ma / mb
+    return out
 
 
 def environment(device, dtype, cuda: bool) -> dict[str, Any]:
@@ -56,10 +77,10 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def output_base(out_dir: Path) -> Path:
-    """A fresh ``out_dir/bench_step_<date>_<time>[_N]`` (no result file of that name exists yet)."""
+def output_base(out_dir: Path, prefix: str = "bench_step") -> Path:
+    """A fresh ``out_dir/<prefix>_<date>_<time>[_N]`` (no result file of that name exists yet)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_step_{_dt.datetime.now().strftime('%Y-%m-%d_%H%M%S')}"
+    stem = f"{prefix}_{_dt.datetime.now().strftime('%Y-%m-%d_%H%M%S')}"
     base, n = out_dir / stem, 1
     while any(base.with_suffix(s).exists() for s in SUFFIXES):
         n += 1
@@ -100,9 +121,13 @@ def _short_note(note: str) -> str:
         return "regional: compile_repeated_blocks()"
     if "of each block" in note:
         return "regional: each block compiled"
+    if "graph_partition=True" in note:
+        return "whole module, CUDA graphs partitioned at attention"
     if "reduce-overhead" in note:
         return "whole module"
-    return note if note.startswith(("BCG ran", "BCG key", "no CUDA")) else ""
+    if note.startswith("whole-module torch.compile"):
+        return "whole module (default mode) under BCG"
+    return note if note.startswith(("BCG ran", "BCG key", "no CUDA", "BCGConfig(", "compile + first capture")) else ""
 
 
 def _header(report: dict[str, Any]) -> list[str]:
@@ -131,6 +156,8 @@ def _header(report: dict[str, Any]) -> list[str]:
             f"{_f(m.get('total_s'), '{:.0f}')} s, commit {m.get('git_commit')})" for m in report["merged_from"]) + "."]
     if report.get("not_run"):
         lines += ["", "Not run (time budget spent): " + ", ".join(report["not_run"]) + "."]
+    if report.get("skipped_cases"):
+        lines += ["", "Skipped: " + "; ".join(f"{s['case']} ({s['error']})" for s in report["skipped_cases"]) + "."]
     return lines
 
 
@@ -168,13 +195,31 @@ def _cases_table(cases: list[dict[str, Any]]) -> list[str]:
         bound = (eager["median_ms"] / prof["gpu_busy_ms"]) if prof.get("gpu_busy_ms") and eager.get("median_ms") else None
         lines.append(f"| {case['case']} | {case.get('transformer_batch', '-')} | {case.get('calls_per_step', '-')} | "
                      f"{prof.get('kernels', 'n/a')} | {_f(prof.get('gpu_busy_ms'))} | {_f(bound)} | "
-                     f"{_yes_no(eager.get('repeatable'))} | {hs} | {case.get('note', '') or (case.get('error') or '')} |")
+                     f"{_yes_no(eager.get('repeatable'))} | {hs} | {_case_note(case)} |")
+    return lines
+
+
+def _case_note(case: dict[str, Any]) -> str:
+    parts = [case.get("note") or "", case.get("variant_note") or "", case.get("error") or ""]
+    return "; ".join(p for p in parts if p).replace("\n", " ")
+
+
+def _ratio_table(cases: list[dict[str, Any]]) -> list[str]:
+    """Ratios of median step times per case (lower is better for the numerator), where both modes ran."""
+    per_case = [(case["case"], case_ratios(case["modes"])) for case in cases if case.get("modes")]
+    names = [f"{a}/{b}" for a, b in RATIOS if any(f"{a}/{b}" in r for _, r in per_case)]
+    if not names:
+        return []
+    lines = ["", "## Ratios (median step time of the first mode over the second, where both ran)", "",
+             "| case | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label, ratios in per_case:
+        lines.append(f"| {label} | " + " | ".join(_f(ratios.get(n), none="-") for n in names) + " |")
     return lines
 
 
 def markdown_report(report: dict[str, Any]) -> str:
     """The report as Markdown: header, per-step latency, cases, each whole-pipeline row, mode legend."""
-    lines = _header(report) + _latency_table(report["cases"]) + _cases_table(report["cases"])
+    lines = _header(report) + _latency_table(report["cases"]) + _ratio_table(report["cases"]) + _cases_table(report["cases"])
     for row in ROW_REGISTRY.values():
         lines += row.markdown(report["cases"])
     lines += ["", "Mode details:", ""]

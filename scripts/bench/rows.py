@@ -1,8 +1,10 @@
 """Whole-pipeline rows of a case: full ``pipe(...)`` calls, measured after the per-step modes.
 
-A row is a registry entry: ``run(pipe, call, seed, clock, log) -> dict`` stored under the case's
-``row.name`` key, and ``markdown(cases) -> lines`` for the report. To add one (e.g. a step cache end to
-end), write both and :func:`register` a :class:`Row`.
+A row is a registry entry: ``run(pipe, call, seed, clock, log, *, case, settings) -> dict`` stored under
+the case's ``row.name`` key, ``markdown(cases) -> lines`` for the report, and ``enabled(case, settings)``
+saying whether it runs for a case. To add one, write them and :func:`register` a :class:`Row`. Rows:
+``e2e`` (eager vs BCG end to end; ``--e2e``) and ``cache`` (step caches end to end; ``--cache-rows``, in
+:mod:`bench.cache_row`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ from .timing import Clock
 E2E_STATS_FIELDS = ("hits", "misses", "captures", "capture_time_s", "graph_memory_bytes")
 
 
+def _rows_setting(case, settings) -> bool:
+    """The end-to-end setting: ``--e2e`` / ``--no-e2e``, else the case's own (the default matrix's)."""
+    return bool(case.rows if settings.rows is None else settings.rows)
+
+
 @dataclass(frozen=True)
 class Row:
     name: str
     run: Callable[..., dict[str, Any]]
     markdown: Callable[[list[dict[str, Any]]], list[str]]
+    enabled: Callable[[Any, Any], bool] = _rows_setting
 
 
 ROW_REGISTRY: dict[str, Row] = {}
@@ -38,7 +46,7 @@ def register(row: Row) -> Row:
     return row
 
 
-def run_e2e(pipe, call: dict[str, Any], seed: int, clock: Clock, log) -> dict[str, Any]:
+def run_e2e(pipe, call: dict[str, Any], seed: int, clock: Clock, log, **_) -> dict[str, Any]:
     """A full ``pipe(...)`` call (all steps, VAE decode): eager, then BCG's first call (capture) and a second."""
     device = "cuda" if clock.cuda else "cpu"
 
@@ -98,3 +106,5 @@ def e2e_markdown(cases: list[dict[str, Any]]) -> list[str]:
 
 
 register(Row("e2e", run_e2e, e2e_markdown))
+
+from . import cache_row  # noqa: E402,F401  (registers the cache row after e2e)

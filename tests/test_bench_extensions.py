@@ -1,0 +1,330 @@
+"""CPU tests of the benchmark's newer parts: the extra modes (attention policies, whole-module compile
+under BCG, the partition ceiling, dynamic regional compile), quantized case variants, the step-cache row
+and the ratio table.
+
+GPU numbers come from running the scripts on the H200; here the code paths run on the tiny pipelines
+(BCG is a no-op without CUDA, so BCG output equals eager), and the CUDA-only modes report n/a.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
+
+import bench_step  # noqa: E402
+from bench import cache_row, measure, modes, report, rows  # noqa: E402
+from bench.cases import VARIANTS, parse_case  # noqa: E402
+from bench.timing import Clock  # noqa: E402
+
+NEW_MODES = ("bcg_break", "compile_bcg_break", "compile_full_bcg", "partition_ceiling", "compile_bcg_dynamic")
+FAST = ["--iters", "2", "--rounds", "2", "--warmup", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_patches():
+    """Every test ends with no attention wrapper installed (a leak would change every later eager call)."""
+    from bcg_diffusion import attention_breaks
+
+    yield
+    assert attention_breaks.installed_patches() == []
+
+
+def _tiny_ctx(family="flux", cuda=False):
+    """A StepContext with the recorded inputs of one real step of the tiny pipeline."""
+    import pipelines
+
+    pipe = pipelines.build_pipeline(family, "tiny", device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    case = bench_step.select_cases([(f"{family}:tiny", None, False)], cuda=False, strict=True)[0][0]
+    args, kwargs, _ = measure.record_step_inputs(pipe, measure.case_call(pipe, case, 1), 0, "cpu")
+    return pipe, modes.StepContext(pipe.transformer, args, kwargs, cuda, {"check_weights": "per_pipeline_call"})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# modes
+# ---------------------------------------------------------------------------------------------------------
+def test_new_modes_are_registered_and_selectable_but_not_in_the_default_matrix():
+    reg = modes.MODE_REGISTRY
+    for name in NEW_MODES:
+        assert name in reg and name in bench_step.MODES
+    assert modes.DEFAULT_MODES == ("eager", "bcg", "whole_graph", "compile", "compile_bcg", "reduce_overhead")
+    for _, case_modes, _ in bench_step.DEFAULT_MATRIX:
+        assert set(case_modes) <= set(modes.DEFAULT_MODES)
+    assert not reg["bcg_break"].needs_cuda and reg["bcg_break"].bcg and not reg["bcg_break"].torch_compile
+    for name in ("compile_bcg_break", "compile_full_bcg", "compile_bcg_dynamic"):
+        assert reg[name].needs_cuda and reg[name].bcg and reg[name].torch_compile and reg[name].exclusive
+    ceiling = reg["partition_ceiling"]
+    assert ceiling.needs_cuda and ceiling.torch_compile and not ceiling.bcg and ceiling.exclusive
+    assert set(modes.EXCLUSIVE_MODES) == set(modes.BCG_MODES) | {"partition_ceiling"}
+    parser = bench_step.build_parser()
+    assert bench_step.check_options(parser.parse_args(["--modes", ",".join(NEW_MODES)]), parser) == list(NEW_MODES)
+
+
+@CPU_ONLY
+def test_new_modes_on_cpu_bcg_break_runs_the_others_are_na(tmp_path):
+    assert bench_step.main(["--cases", "pixart:tiny", "--modes", "eager,bcg," + ",".join(NEW_MODES), *FAST,
+                            "--no-e2e", "--out-dir", str(tmp_path)]) == 0
+    rep = json.loads(next(tmp_path.glob("*.json")).read_text())
+    (case,) = rep["cases"]
+    m = case["modes"]
+    assert m["bcg_break"]["status"] == "ok" and m["bcg_break"]["bitwise_equal_to_eager"] is True
+    assert m["bcg_break"]["bcg_config"] == {"check_weights": "per_pipeline_call", "attention": "break"}
+    assert m["bcg"]["bcg_config"] == {"check_weights": "per_pipeline_call"}  # the library default policy
+    for name in NEW_MODES[1:]:
+        assert m[name]["status"] == "n/a" and m[name]["reason"] == "needs CUDA", name
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert "| pixart:tiny:256x256:b1 | partition_ceiling | yes | n/a |" in md
+    assert "BCGConfig(attention='break')" in md
+
+
+def test_mode_unavailable_is_reported_na_without_a_traceback(monkeypatch):
+    def unavailable(ctx):
+        raise modes.ModeUnavailable("torch lacks the thing")
+
+    monkeypatch.setitem(modes.MODE_REGISTRY, "fake", modes.Mode("fake", "a mode that cannot run here", unavailable))
+    settings = measure.Settings(1, 1, 1, 0, False, None, {})
+    ctx = types.SimpleNamespace(cuda=False)
+    results, runners = measure.set_up_modes(ctx, ["fake"], settings, Clock(False), lambda msg: None)
+    assert results["fake"]["status"] == "n/a" and results["fake"]["reason"] == "ModeUnavailable: torch lacks the thing"
+    assert "traceback" not in results["fake"] and not runners
+
+
+def test_partition_config_problem_names_the_missing_inductor_keys():
+    assert modes.partition_config_problem() is None  # this torch has graph_partition and custom_should_partition_ops
+    problem = modes.partition_config_problem(types.SimpleNamespace(graph_partition=True))
+    assert "custom_should_partition_ops" in problem and "graph_partition" not in problem.split("config.")[1].split(",")[0]
+    ctx = types.SimpleNamespace(cuda=True, transformer=None)
+    with pytest.raises(modes.ModeUnavailable, match="custom_should_partition_ops"):
+        modes.setup_partition_ceiling(ctx, inductor_config=types.SimpleNamespace(graph_partition=True))
+
+
+def test_exclusive_runners_are_active_only_in_their_own_turn():
+    """A mode that patches attention (partition_ceiling, BCG modes) is deactivated while the others run and
+    reactivated, with untimed warm-up calls, before its own turn; close() tears it down once."""
+    state = {"active": 0, "teardowns": 0, "log": []}
+
+    def plain():
+        state["log"].append(("eager", state["active"]))
+        return torch.zeros(1)
+
+    def patched():
+        state["log"].append(("ceiling", state["active"]))
+        return torch.zeros(1)
+
+    eager = modes.Runner("eager", plain, iters=2)
+    ceiling = modes.Runner("ceiling", patched, iters=2, teardown=lambda: state.update(teardowns=state["teardowns"] + 1),
+                           on_activate=lambda: state.update(active=state["active"] + 1),
+                           on_deactivate=lambda: state.update(active=state["active"] - 1))
+    ceiling.activate(False)
+    ceiling.activate(False)  # already active: no second install
+    assert state["active"] == 1 and ceiling.patches_attention and not eager.patches_attention
+    settings = measure.Settings(2, 3, 1, 0, False, None, {})
+    runners = {"eager": eager, "ceiling": ceiling}
+    times = measure.time_rounds(runners, {"eager": {}, "ceiling": {}}, settings, Clock(False), lambda msg: None)
+    assert len(times["eager"]) == len(times["ceiling"]) == 6
+    assert {a for who, a in state["log"] if who == "eager"} == {0}
+    assert {a for who, a in state["log"] if who == "ceiling"} == {1}
+    assert ceiling.activations == 1 + 3  # set-up, then in each of the 3 rounds after eager deactivated it
+    ceiling.close()
+    ceiling.close()
+    assert state == {**state, "active": 0, "teardowns": 1}
+
+
+def _recording_compile(monkeypatch, graphs):
+    """torch.compile with a backend that records each graph's call targets and runs it eagerly (no
+    Inductor on the CPU); ``mode`` is dropped (reduce-overhead needs CUDA)."""
+    real = torch.compile
+
+    def backend(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    def fake(model=None, **kwargs):
+        kwargs.pop("mode", None)
+        return real(model, backend=backend, **{k: v for k, v in kwargs.items() if k == "dynamic"})
+
+    monkeypatch.setattr(torch, "compile", fake)
+
+
+def test_partition_ceiling_traces_attention_as_the_bcg_op_while_active(monkeypatch):
+    from bcg_diffusion import attention_breaks
+
+    graphs = []
+    _recording_compile(monkeypatch, graphs)
+    torch._dynamo.reset()
+    _, ctx = _tiny_ctx("pixart")
+    with torch.inference_mode():
+        eager = modes.first_tensor(ctx.call(ctx.transformer))
+        runner = modes.setup_partition_ceiling(ctx)
+        try:
+            assert runner.accelerated and attention_breaks.installed_patches()  # wrappers installed while active
+            out = runner.fn()
+            assert graphs and any("bcg.sdpa" in t or "bcg.dispatch_attention" in t for g in graphs for t in g), graphs
+            assert torch.equal(out, eager)
+            runner.deactivate()
+            assert attention_breaks.installed_patches() == []
+            runner.activate(False)
+            n = len(graphs)
+            assert torch.equal(runner.fn(), eager) and len(graphs) == n  # reinstalled wrappers: no recompile
+        finally:
+            runner.close()
+    torch._dynamo.reset()
+
+
+def test_compile_full_bcg_compiles_forward_below_bcg_and_notes_the_time(monkeypatch):
+    import bcg_diffusion
+
+    graphs = []
+    _recording_compile(monkeypatch, graphs)
+    torch._dynamo.reset()
+    _, ctx = _tiny_ctx("flux")
+    with torch.inference_mode():
+        eager = modes.first_tensor(ctx.call(ctx.transformer))
+        runner = modes.setup_compile_full_bcg(ctx)
+        try:
+            assert "forward" in vars(runner.module)  # the compiled forward, an instance attribute
+            assert graphs and runner.extra["compile_calls_s"] > 0
+            assert runner.is_bcg and runner.accelerated  # accelerate_transformer ran (a no-op without CUDA)
+            assert runner.bcg_options == {"check_weights": "per_pipeline_call"}
+            assert torch.equal(runner.fn(), eager)
+        finally:
+            runner.close()
+    assert not runner.accelerated and not bcg_diffusion.is_accelerated(runner.module)
+    torch._dynamo.reset()
+
+
+def test_ratios_of_the_report():
+    m = {"bcg": {"median_ms": 10.4}, "bcg_break": {"median_ms": 11.0}, "whole_graph": {"median_ms": 10.0},
+         "compile": {"median_ms": 8.0}, "compile_bcg": {"median_ms": 7.0}, "reduce_overhead": {"median_ms": 6.0},
+         "compile_full_bcg": {"median_ms": 6.3}, "eager": {"median_ms": 30.0}, "partition_ceiling": {"status": "n/a"}}
+    r = report.case_ratios(m)
+    assert r == pytest.approx({"bcg/whole_graph": 1.04, "bcg_break/whole_graph": 1.1, "compile_bcg/compile": 0.875,
+                               "compile_bcg/reduce_overhead": 7 / 6, "compile_full_bcg/reduce_overhead": 1.05})
+    def filled(mode_results):
+        return {k: {"torch_compile": False, "status": "ok", "p10_ms": 1.0, "p90_ms": 1.0, **v}
+                for k, v in mode_results.items()}
+
+    rep = {"environment": {"date": "d", "gpu": None, "torch": None, "cuda": None, "diffusers": None, "dtype": None},
+           "settings": {"iters": 1, "rounds": 1, "warmup": 1},
+           "cases": [{"case": "a", "modes": filled(m)}, {"case": "b", "modes": filled({"eager": {"median_ms": 1.0}})}]}
+    md = report.markdown_report(rep)
+    assert "| case | bcg/whole_graph | bcg_break/whole_graph | compile_bcg/compile | compile_bcg/reduce_overhead | " \
+           "compile_full_bcg/reduce_overhead |" in md
+    assert "| a | 1.04 | 1.10 | 0.88 | 1.17 | 1.05 |" in md and "| b | - | - | - | - | - |" in md
+
+
+# ---------------------------------------------------------------------------------------------------------
+# variants
+# ---------------------------------------------------------------------------------------------------------
+def test_quant_variants_exist_and_unknown_ones_are_refused():
+    assert {"fp8", "fp8wo", "int8wo", "int8"} <= set(VARIANTS)
+    assert parse_case("flux:full:512x512:b1@fp8").variant == "fp8"
+    with pytest.raises(ValueError, match="unknown variant 'int4'"):
+        parse_case("flux:full@int4")
+
+
+@CPU_ONLY
+def test_variant_without_torchao_is_skipped_with_the_install_hint(tmp_path, monkeypatch, capsys):
+    from pipelines.quant import INSTALL_HINT
+
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    assert bench_step.main(["--cases", "flux:tiny@fp8,pixart:tiny", "--modes", "eager", *FAST, "--no-e2e",
+                            "--out-dir", str(tmp_path)]) == 0
+    assert f"skipping flux:tiny@fp8: {INSTALL_HINT}" in capsys.readouterr().out
+    rep = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [c["case"] for c in rep["cases"]] == ["pixart:tiny:256x256:b1"]
+    assert rep["skipped_cases"] == [{"case": "flux:tiny@fp8", "error": INSTALL_HINT}]
+    assert f"Skipped: flux:tiny@fp8 ({INSTALL_HINT})." in next(tmp_path.glob("*.md")).read_text()
+
+
+@CPU_ONLY
+def test_variant_with_torchao_quantizes_after_the_build_and_notes_the_config(tmp_path, monkeypatch):
+    calls = []
+    quantization = types.ModuleType("torchao.quantization")
+    for name in ("Float8DynamicActivationFloat8WeightConfig", "Float8WeightOnlyConfig", "Int8WeightOnlyConfig",
+                 "Int8DynamicActivationInt8WeightConfig"):
+        setattr(quantization, name, type(name, (), {}))
+    quantization.quantize_ = lambda module, config: calls.append((type(module).__name__, type(config).__name__))
+    package = types.ModuleType("torchao")
+    package.quantization = quantization
+    monkeypatch.setitem(sys.modules, "torchao", package)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+    assert bench_step.main(["--cases", "flux:tiny@int8wo", "--modes", "eager,bcg", *FAST, "--no-e2e",
+                            "--out-dir", str(tmp_path)]) == 0
+    assert calls == [("FluxTransformer2DModel", "Int8WeightOnlyConfig")]
+    (case,) = json.loads(next(tmp_path.glob("*.json")).read_text())["cases"]
+    assert case["case"] == "flux:tiny:64x64:b1@int8wo" and case["variant"] == "int8wo"
+    assert "Int8WeightOnlyConfig" in case["variant_note"] and case["modes"]["bcg"]["status"] == "ok"
+    assert "quantize_(transformer, Int8WeightOnlyConfig())" in next(tmp_path.glob("*.md")).read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the cache row
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["--cache-rows", "fbc:x"], "must be a number"),
+    (["--cache-rows", "nocache"], "unknown cache"),
+    (["--cache-rows", ","], "names no cache"),
+    (["--cache-compile"], "--cache-compile needs --cache-rows"),
+])
+def test_bench_bad_cache_rows_exit_2(capsys, argv, needle):
+    assert bench_step.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("family, specs", [("flux", ("fbc:0.5", "pab:2", "fastercache")), ("pixart", ("magcache",))])
+def test_cache_row_on_cpu(family, specs):
+    import bcg_diffusion
+    import pipelines
+    from bcg_diffusion.step_caches import cached_modules
+
+    pipe = pipelines.build_pipeline(family, "tiny", device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    case = bench_step.select_cases([(f"{family}:tiny", None, True)], cuda=False, strict=True)[0][0]
+    call = measure.case_call(pipe, case, 4)
+    settings = measure.Settings(1, 1, 1, 0, None, 4, {}, cache_rows=specs, cache_compile=True)
+    assert rows.ROW_REGISTRY["cache"].enabled(case, settings)
+    assert not rows.ROW_REGISTRY["cache"].enabled(case, measure.Settings(1, 1, 1, 0, None, 4, {}))
+    res = cache_row.run_cache_rows(pipe, call, 0, Clock(False), lambda msg: None, case=case, settings=settings)
+    assert res["steps"] == 4 and [e["spec"] for e in res["specs"]] == list(specs)
+    for e in res["specs"]:
+        if e["spec"] == "fastercache":
+            assert e["status"] == "n/a" and "cannot run on flux" in e["reason"]
+            continue
+        assert e["status"] == "ok", e
+        eager, bcg = e["eager_passes"], e["bcg_passes"]
+        assert eager["calls"] > 0 and eager["computed"] > 0 and eager["reused"] > 0  # mixed decisions
+        assert bcg == eager == e["bcg_first_passes"]  # BCG is a no-op here: the same decisions
+        assert e["bitwise_equal_to_eager_cache"] is True
+        for key in ("eager_cache_s", "bcg_cache_first_s", "bcg_cache_second_s", "bcg_alone_second_s"):
+            assert e[key] > 0, key
+        assert e["eager_cache_over_bcg_cache"] > 0 and e["bcg_alone_over_bcg_cache"] > 0
+        assert e["compile_cache"] == {"status": "n/a", "reason": "needs CUDA"}
+    # afterwards: no cache, no acceleration, so later rows and cases are unaffected
+    assert not cached_modules(pipe.transformer) and not bcg_diffusion.is_accelerated(pipe)
+    md = "\n".join(cache_row.cache_markdown([{"case": case.label, "cache": res}]))
+    assert "## Step caches end to end" in md and f"| {case.label} | {specs[0]} | 4 |" in md
+
+
+@CPU_ONLY
+def test_cache_rows_through_the_command_line(tmp_path):
+    assert bench_step.main(["--cases", "flux:tiny", "--modes", "eager", *FAST, "--no-e2e", "--e2e-steps", "3",
+                            "--cache-rows", "taylorseer:2", "--out-dir", str(tmp_path)]) == 0
+    rep = json.loads(next(tmp_path.glob("*.json")).read_text())
+    (case,) = rep["cases"]
+    assert case["e2e"] is None  # --no-e2e: only the cache row ran
+    (entry,) = case["cache"]["specs"]
+    assert entry["status"] == "ok" and entry["bitwise_equal_to_eager_cache"] is True
+    assert rep["settings"]["cache_rows"] == ["taylorseer:2"]
+    assert "| flux:tiny:64x64:b1 | taylorseer:2 | 3 |" in next(tmp_path.glob("*.md")).read_text()
