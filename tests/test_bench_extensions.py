@@ -1,6 +1,6 @@
 """CPU tests of the benchmark's newer parts: the extra modes (attention policies, whole-module compile
-under BCG, the partition ceiling, dynamic regional compile), quantized case variants, the step-cache row
-and the ratio table.
+under BCG, the partition ceiling, dynamic regional compile), quantized case variants, the step-cache row,
+the ratio table and scripts/bench_shapes.py.
 
 GPU numbers come from running the scripts on the H200; here the code paths run on the tiny pipelines
 (BCG is a no-op without CUDA, so BCG output equals eager), and the CUDA-only modes report n/a.
@@ -21,6 +21,7 @@ sys.path.insert(0, str(SCRIPTS))
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 
 import bench_step  # noqa: E402
+import bench_shapes  # noqa: E402
 from bench import cache_row, measure, modes, report, rows  # noqa: E402
 from bench.cases import VARIANTS, parse_case  # noqa: E402
 from bench.timing import Clock  # noqa: E402
@@ -328,3 +329,91 @@ def test_cache_rows_through_the_command_line(tmp_path):
     assert entry["status"] == "ok" and entry["bitwise_equal_to_eager_cache"] is True
     assert rep["settings"]["cache_rows"] == ["taylorseer:2"]
     assert "| flux:tiny:64x64:b1 | taylorseer:2 | 3 |" in next(tmp_path.glob("*.md")).read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bench_shapes.py
+# ---------------------------------------------------------------------------------------------------------
+@CPU_ONLY
+def test_bench_shapes_on_cpu(tmp_path, capsys):
+    assert bench_shapes.main(["--family", "flux", "--steps", "1", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA GPU" in out
+    rep = json.loads(next(tmp_path.glob("bench_shapes_*.json")).read_text())
+    assert rep["settings"]["size"] == "tiny" and rep["settings"]["shapes"] == ["64x64", "80x64", "64x80"]
+    by_mode = {r["mode"]: r for r in rep["modes"]}
+    assert list(by_mode) == ["eager", "bcg", "compile_bcg_dynamic", "compile_bcg", "reduce_overhead"]
+    for name in ("eager", "bcg"):
+        r = by_mode[name]
+        assert r["status"] == "ok", r
+        assert [(v["pass"], v["shape"]) for v in r["visits"]] == [(p, s) for p in (1, 2) for s in ("64x64", "80x64", "64x80")]
+        for v in r["visits"]:
+            assert v["first_image_s"] > 0 and v["later_image_s"] > 0 and v["steady_call_ms"] > 0
+            assert v["calls_per_image"] == 1 and v["images"] == 2
+    for name in ("compile_bcg_dynamic", "compile_bcg", "reduce_overhead"):
+        assert by_mode[name]["status"] == "n/a" and by_mode[name]["reason"] == "needs CUDA"
+    md = next(tmp_path.glob("bench_shapes_*.md")).read_text()
+    assert "## Summary" in md and "| bcg | 2 | 80x64 |" in md and "| reduce_overhead | | | | | | n/a: needs CUDA |" in md
+
+
+@CPU_ONLY
+def test_bench_shapes_time_budget_and_explicit_tiny_shapes(tmp_path):
+    assert bench_shapes.main(["--family", "pixart", "--size", "tiny", "--shapes", "64x64,64x96", "--steps", "1",
+                              "--calls", "1", "--passes", "1", "--time-budget", "1e-9", "--out-dir", str(tmp_path)]) == 0
+    rep = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert rep["settings"]["shapes"] == ["64x64", "64x96"]
+    assert [r["mode"] for r in rep["modes"]] == ["eager"]  # the first mode always runs
+    assert rep["not_run"] == ["bcg", "compile_bcg_dynamic", "compile_bcg", "reduce_overhead"]
+    assert [v["shape"] for v in rep["modes"][0]["visits"]] == ["64x64", "64x96"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--modes", "eager,turbo"], "unknown mode"),
+    (["--shapes", "512x500"], "multiples of 16"),
+    (["--shapes", "big"], "cannot read"),
+    (["--family", "nope"], "unknown family"),
+    (["--steps", "0"], "--steps must be >= 1"),
+])
+def test_bench_shapes_bad_arguments_exit_2(capsys, argv, needle):
+    assert bench_shapes.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bench_shapes_reduce_overhead_wrapper_restores_forward(monkeypatch):
+    """The reduce_overhead set-up marks a step and clones the output of each call; teardown restores forward."""
+    import pipelines
+    from bench import shapes
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # no compiler on the CPU: the wrapper is the point
+    pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    notes, teardown = shapes.setup_reduce_overhead(pipe)
+    assert "forward" in vars(pipe.transformer)
+    call = shapes.shape_call(pipe, "flux", "tiny", (64, 64, None), 2, 1)
+    with torch.inference_mode():
+        pipe(**call, output_type="latent")
+    assert len(marks) == 2  # one per transformer call
+    teardown()
+    assert "forward" not in vars(pipe.transformer)
+
+
+def test_bench_shapes_helpers():
+    from bench import shapes
+
+    assert shapes.parse_shapes(shapes.DEFAULT_SHAPES) == [(512, 512, None), (640, 768, None), (768, 768, None),
+                                                          (896, 640, None), (1024, 1024, None)]
+    assert shapes.parse_shapes("32x32x9") == [(32, 32, 9)]
+    assert shapes.tiny_shapes("wan") == [(32, 32, 9), (48, 32, 9), (32, 48, 9)]
+    res = {"setup_s": 1.0, "visits": [
+        {"pass": 1, "shape": "a", "first_image_s": 5.0, "extra_s": 4.0, "steady_call_ms": 2.0},
+        {"pass": 1, "shape": "b", "first_image_s": 3.0, "extra_s": 2.0, "steady_call_ms": 3.0},
+        {"pass": 1, "shape": "c", "first_image_s": 2.0, "extra_s": 1.0, "steady_call_ms": 4.0},
+        {"pass": 2, "shape": "a", "first_image_s": 1.0, "extra_s": 0.0, "steady_call_ms": 1.5},
+        {"pass": 2, "shape": "b", "first_image_s": 1.2, "extra_s": 0.0, "steady_call_ms": 2.5},
+        {"pass": 2, "shape": "c", "first_image_s": 1.4, "extra_s": 0.0, "steady_call_ms": 3.5}]}
+    assert shapes.summary(res, ["a", "b", "c"]) == {
+        "first_shape_first_image_s": 6.0, "new_shape_extra_median_s": 1.5, "new_shape_extra_max_s": 2.0,
+        "second_pass_first_image_median_s": 1.2, "steady_call_ms": {"a": 1.5, "b": 2.5, "c": 3.5}}
+
