@@ -379,24 +379,53 @@ def test_bench_shapes_bad_arguments_exit_2(capsys, argv, needle):
     assert needle in capsys.readouterr().err
 
 
-def test_bench_shapes_reduce_overhead_wrapper_restores_forward(monkeypatch):
-    """The reduce_overhead set-up marks a step and clones the output of each call; teardown restores forward."""
+def test_bench_shapes_reduce_overhead_marks_steps_and_clones_outputs(monkeypatch):
+    """The reduce_overhead set-up swaps the compiled module into the pipeline, with hooks outside the compiled
+    code that mark a step before each call and clone the outputs after; teardown removes the hooks."""
     import pipelines
     from bench import shapes
 
-    marks = []
+    marks, compiled = [], []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # no compiler on the CPU: the wrapper is the point
+
+    def fake_compile(module, **kwargs):  # no compiler on the CPU: a stand-in wrapper module
+        compiled.append(kwargs)
+        return _Delegating(module)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
     pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
     pipe.set_progress_bar_config(disable=True)
+    original = pipe.transformer
+    outputs = []
+    original.register_forward_hook(lambda _m, _a, out: outputs.append(out[0]))
     notes, teardown = shapes.setup_reduce_overhead(pipe)
-    assert "forward" in vars(pipe.transformer)
+    assert compiled == [{"mode": "reduce-overhead"}] and pipe.transformer is not original
+    seen = []
+    pipe.transformer.register_forward_hook(lambda _m, _a, out: seen.append(out[0]))
     call = shapes.shape_call(pipe, "flux", "tiny", (64, 64, None), 2, 1)
     with torch.inference_mode():
         pipe(**call, output_type="latent")
-    assert len(marks) == 2  # one per transformer call
+    assert len(marks) == 2 and len(seen) == 2  # one mark per transformer call
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(outputs, seen))  # cloned
     teardown()
-    assert "forward" not in vars(pipe.transformer)
+    assert not pipe.transformer._forward_pre_hooks
+
+
+class _Delegating(torch.nn.Module):
+    """Stands in for torch.compile's OptimizedModule: calls the module, delegates attributes to it."""
+
+    def __init__(self, module):
+        super().__init__()
+        self._orig_mod = module
+
+    def forward(self, *args, **kwargs):
+        return self._orig_mod(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._orig_mod, name)
 
 
 def test_bench_shapes_helpers():

@@ -40,7 +40,8 @@ NO_CUDA_NOTE = ("note: no CUDA GPU: the tiny model at small shapes, modes eager 
 
 @dataclass(frozen=True)
 class ShapeMode:
-    """``setup(pipe) -> (notes, teardown)`` makes ``pipe.transformer`` (a fresh copy) run in this mode."""
+    """``setup(pipe) -> (notes, teardown)`` makes ``pipe.transformer`` (a fresh copy) run in this mode; it may
+    put another module in its place (a compiled wrapper), which the timer then hooks."""
 
     name: str
     description: str
@@ -83,20 +84,24 @@ def setup_compile_bcg_dynamic(pipe):
 
 
 def setup_reduce_overhead(pipe):
-    """``torch.compile(forward, mode="reduce-overhead")`` of the whole transformer (dynamo's default dynamic
-    setting: the second shape recompiles with dynamic shapes, CUDA graph trees record each shape). Each call
-    marks a new step and clones its output, so a pipeline may hold outputs across calls (CFG as two calls)."""
-    transformer = pipe.transformer
-    compiled = torch.compile(transformer.forward, mode="reduce-overhead")
+    """``torch.compile(transformer, mode="reduce-overhead")`` of the whole module (as bench_step's mode),
+    swapped into the pipeline (dynamo's default dynamic setting: the second shape recompiles with dynamic
+    shapes; CUDA graph trees record each shape). Hooks on the compiled module, outside the compiled code,
+    mark a new step before each call and clone its outputs after, so the pipeline may hold an output across
+    calls (CFG as two calls)."""
+    compiled = torch.compile(pipe.transformer, mode="reduce-overhead")
+    handles = [
+        compiled.register_forward_pre_hook(lambda _m, _a: torch.compiler.cudagraph_mark_step_begin()),
+        compiled.register_forward_hook(
+            lambda _m, _a, out: torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, out)),
+    ]
+    pipe.transformer = compiled
 
-    def forward(*args, **kwargs):
-        torch.compiler.cudagraph_mark_step_begin()
-        out = compiled(*args, **kwargs)
-        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, out)
+    def undo():
+        for handle in handles:
+            handle.remove()
 
-    transformer.forward = forward
-    return (["torch.compile(transformer.forward, mode='reduce-overhead') of the whole module; outputs cloned"],
-            lambda: transformer.__dict__.pop("forward", None))
+    return ["torch.compile(transformer, mode='reduce-overhead') of the whole module; outputs cloned"], undo
 
 
 SHAPE_MODES = {m.name: m for m in (
@@ -244,12 +249,12 @@ def run_mode(pipe, original, name: str, settings: ShapeSettings, clock: Clock, l
         res["inductor_cache_dir"] = _fresh_compile_cache(cache_root, name)
     copy = weight_sharing_copy(original)
     pipe.transformer = copy  # DiffusionPipeline.__setattr__ keeps its config in step
-    timer = CallTimer(copy, clock.cuda)
-    teardown = None
+    timer = teardown = None
     t0 = time.perf_counter()
     try:
         res["notes"], teardown = mode.setup(pipe)
         res["setup_s"] = time.perf_counter() - t0
+        timer = CallTimer(pipe.transformer, clock.cuda)  # the module the pipeline calls (the copy or its wrapper)
         for pass_no in range(1, settings.passes + 1):
             for shape in settings.shapes:
                 call = shape_call(pipe, settings.family, settings.size, shape, settings.steps, settings.batch)
@@ -266,10 +271,11 @@ def run_mode(pipe, original, name: str, settings: ShapeSettings, clock: Clock, l
         log(f"    {name}: error: {res['reason']}")
     finally:
         try:
+            if timer is not None:
+                timer.remove()
             if teardown is not None:
                 teardown()
         finally:
-            timer.remove()
             pipe.transformer = original
             del copy
             torch._dynamo.reset()
