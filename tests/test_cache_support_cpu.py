@@ -93,3 +93,13 @@ def test_disable_cache_removes_the_hooks_and_reset_restarts_the_decisions(quiet,
     disable_cache(pipe.transformer)
     assert not cached_modules(pipe.transformer)
     disable_cache(pipe.transformer)  # twice: nothing to do
+
+
+def test_docs_list_the_same_families():
+    """docs/generate.md's table of where each cache runs is CACHE_FAMILIES."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "generate.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([a-z0-9, ]+) \|", text, re.M))
+    assert {name: tuple(f.strip() for f in rows[name].split(",")) for name in CACHE_NAMES} == CACHE_FAMILIES
