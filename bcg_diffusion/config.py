@@ -43,6 +43,11 @@ class BCGConfig:
             ``"auto"`` (once per pipeline call under ``accelerate_pipeline``, every call for a bare
             transformer), ``"every_call"``, or ``"per_pipeline_call"``. Adding or replacing
             parameters or modules (loading LoRA) is seen on every call in all modes.
+        compile: compile the whole transformer forward with ``torch.compile`` (default mode, no
+            CUDA graphs of Inductor) under BCG: the runner is outermost and captures the compiled
+            code; with ``attention="capture_safe"`` a step is then one compiled, captured graph.
+            Costs a whole-module compile per input shape (about 30 s for PixArt-Sigma at 512 px on
+            an H200). Not with hooks on submodules (step caches): compile the blocks instead.
         attention: ``"capture_safe"`` captures attention calls whose kernel is known capture-safe
             (torch SDPA called directly, diffusers' native SDPA backends) and breaks at every other
             (any other backend, context parallelism); ``"break"`` breaks at every attention call.
@@ -59,6 +64,7 @@ class BCGConfig:
     max_narrowing: int = 2
     check_weights: str = "auto"
     attention: str = "capture_safe"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -94,6 +100,7 @@ class BCGConfig:
             self.check_weights,
         )
         _check(self.attention in ATTENTION_POLICIES, "attention must be 'capture_safe' or 'break'", self.attention)
+        _check(isinstance(self.compile, bool), "compile must be a bool", self.compile)
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

@@ -19,6 +19,7 @@ from .config import BCGConfig
 from .core.copy_back import BreakOutputMismatchError
 from .core.tree import tree_map
 from .eager_modules import EagerModules
+from .errors import AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
 from .families import TransformerInfo
 from .hooked_modules import HookedModules
@@ -61,8 +62,9 @@ class GraphRunner:
             self.eager_modules.add(name)
 
     def bind(self, forward_below: Callable) -> "GraphRunner":
-        """Use ``forward_below`` (the forward under our hook) as the eager forward."""
-        self.forward = forward_below
+        """Use ``forward_below`` (the forward under our hook) as the eager forward (compiled whole
+        with ``BCGConfig.compile``)."""
+        self.forward = torch.compile(forward_below, dynamic=False) if self.config.compile else forward_below
         return self
 
     def on_pipeline_call_end(self) -> None:
@@ -118,6 +120,12 @@ class GraphRunner:
         if structure == self._structure:
             self._structure = structure
             return
+        if self.config.compile and structure.hooked:
+            raise AccelerationError(
+                f"BCGConfig(compile=True) compiles {type(self.module).__name__}'s whole forward, which would trace "
+                f"through the hooks on {', '.join(h.path for h in structure.hooked[:3])}; with hooks (step caches) "
+                "compile the blocks (compile_repeated_blocks) and leave compile=False"
+            )
         if self._structure is not None:
             self.structure_changes += 1
             logger.info(

@@ -280,3 +280,20 @@ def test_compiled_blocks_with_acceleration_match_compiled_blocks_alone(family):
     torch._dynamo.reset()
     torch.testing.assert_close(accelerated, compiled, rtol=1e-3, atol=1e-3)
     assert stats.entries and all(e.fallback is None for e in stats.entries), str(stats)
+
+
+def test_whole_forward_compile_under_bcg_is_one_captured_graph():
+    """BCGConfig(compile=True): the compiled forward is captured whole (no breaks with native SDPA)."""
+    family = "flux"
+    pipe = _build(family)
+    eager = _run(pipe, family)
+    torch._dynamo.reset()
+    bcg.accelerate_pipeline(pipe, bcg.BCGConfig(compile=True))
+    first, second = _run(pipe, family), _run(pipe, family)
+    stats = bcg.get_stats(pipe)
+    bcg.remove_acceleration(pipe)
+    torch._dynamo.reset()
+    torch.testing.assert_close(first, eager, rtol=1e-3, atol=1e-3)
+    assert torch.equal(first, second)
+    entry = stats.entries[0]
+    assert entry.fallback is None and entry.breaks == 0 and entry.segments == 1, str(stats)

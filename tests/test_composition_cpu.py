@@ -330,3 +330,11 @@ def test_innermost_insertion_below_a_new_forward_hook_and_exact_removal():
     registry.register_hook(Doubling(), "double_again")
     model_hooks.remove_exactly(model, "bcg_test")
     assert torch.equal(model(x), expected * 2) and calls == [1]
+
+
+def test_whole_forward_compile_refuses_hooked_submodules(pretend_cuda):
+    model = _transformer()
+    model.transformer_blocks[0].register_forward_hook(lambda m, a, o: None)
+    with pytest.raises(bcg.AccelerationError, match="compile=True.*transformer_blocks.0"):
+        bcg.accelerate_transformer(model, bcg.BCGConfig(compile=True))
+    assert not bcg.is_accelerated(model)
