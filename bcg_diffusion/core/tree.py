@@ -82,7 +82,3 @@ def tree_map(fn: Callable[[Any], Any], value: Any, is_leaf: Callable[[Any], bool
         return type(value)((k, tree_map(fn, v, is_leaf)) for k, v in value.items())
     return value
 
-
-def leaves(value: Any, is_leaf: Callable[[Any], bool] = is_tensor) -> list:
-    """The leaves for which ``is_leaf`` holds, in walk order."""
-    return [v for _, d, v in walk(value) if d is None and is_leaf(v)]
