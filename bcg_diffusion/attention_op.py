@@ -45,9 +45,10 @@ def sdpa(
     scale: Optional[float],
     enable_gqa: bool,
 ) -> torch.Tensor:
-    call = _eager_call("sdpa", _ORIGINAL_SDPA)
-    out = call(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    return out.clone() if _aliases(out, (query, key, value, attn_mask)) else out
+    return _run_eager(
+        _eager_call("sdpa", _ORIGINAL_SDPA), query, key, value,
+        attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+    )
 
 
 @sdpa.register_fake
@@ -67,12 +68,11 @@ def dispatch_attention(
     enable_gqa: bool,
     backend: Optional[str],
 ) -> torch.Tensor:
-    call = _eager_call("dispatch", _original_dispatch())
-    out = call(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa, backend=_backend(backend),
+    return _run_eager(
+        _eager_call("dispatch", _original_dispatch()), query, key, value,
+        attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        backend=_backend(backend),
     )
-    return out.clone() if _aliases(out, (query, key, value, attn_mask)) else out
 
 
 @dispatch_attention.register_fake
@@ -92,6 +92,12 @@ def _backend(name: Optional[str]) -> Any:
     from diffusers.models.attention_dispatch import AttentionBackendName
 
     return AttentionBackendName(name)
+
+
+def _run_eager(call: Callable, query, key, value, **kwargs: Any) -> torch.Tensor:
+    """``call``'s output, copied where it aliases an input (a custom op's output may not)."""
+    out = call(query, key, value, **kwargs)
+    return out.clone() if _aliases(out, (query, key, value, kwargs["attn_mask"])) else out
 
 
 def _aliases(out: torch.Tensor, inputs: tuple) -> bool:

@@ -16,15 +16,6 @@ FAMILIES = pipelines.list_families() if hasattr(pipelines, "list_families") else
 PROMPT = "a red fox jumping over a frozen river at dawn"
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_patches():
-    """A failed test must not leave attention patches behind for the next one."""
-    yield
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
-
-
 def _build(family, seed=0):
     return pipelines.build_pipeline(family, size="tiny", device="cuda", dtype=torch.float32, seed=seed)
 

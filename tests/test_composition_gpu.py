@@ -10,20 +10,11 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from bcg_diffusion import attention_breaks
 
 pytest.importorskip("pipelines")
 from _pipes import build, run  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_patches():
-    yield
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
 
 
 def _halving_processor():

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from bcg_diffusion import attention_breaks
 
 pytest.importorskip("pipelines")
 pytest.importorskip("torchao")
@@ -17,14 +16,6 @@ from pipelines.quant import QUANT_NAMES, quantize  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 FAMILIES = ["flux", "pixart", "wan", "sd3"]
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_patches():
-    yield
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
 
 
 def _quantized(family, name):

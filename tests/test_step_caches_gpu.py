@@ -30,14 +30,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_patches():
-    yield
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
-
-
 @pytest.mark.parametrize("family, cache", CASES, ids=[f"{f}-{c}" for f, c in CASES])
 def test_cache_under_bcg_is_bitwise_equal_to_the_same_cache_eagerly(family, cache):
     twin = with_cache(build(family), family, cache, STEPS)
