@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start no new case after this many seconds (the first always runs; the rest are reported "
                    "as not run); results are written after every case, so a run stopped from outside keeps the "
                    "finished cases")
+    p.add_argument("--setup-timeout", type=float, default=None, metavar="SECONDS",
+                   help="give up a mode whose set-up (compile, capture, first calls) takes longer than this; it is "
+                   "reported as n/a and the other modes are still timed (a slow compile cannot cost the run)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="measure nothing: combine result files (e.g. the shards of one matrix, same GPU, versions and "
                    "commit) into one JSON, Markdown table and chart")
@@ -104,6 +107,8 @@ def check_options(opts, parser: argparse.ArgumentParser) -> list[str] | None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
     if opts.time_budget is not None and opts.time_budget <= 0:
         parser.error(f"--time-budget must be > 0 seconds (got {opts.time_budget})")
+    if opts.setup_timeout is not None and opts.setup_timeout <= 0:
+        parser.error(f"--setup-timeout must be > 0 seconds (got {opts.setup_timeout})")
     if opts.shard:
         try:
             parse_shard(opts.shard)
@@ -148,7 +153,8 @@ def new_report(opts, argv, device, dtype, cuda: bool, skipped) -> dict:
     settings = {"iters": opts.iters, "rounds": opts.rounds, "warmup": opts.warmup, "e2e": opts.e2e,
                 "e2e_steps": opts.e2e_steps, "cache_rows": list(cache_specs(opts)),
                 "cache_compile": opts.cache_compile, "seed": opts.seed, "quick": opts.quick, "shard": opts.shard,
-                "time_budget_s": opts.time_budget, "bcg_config_of_step_modes": {"check_weights": opts.check_weights},
+                "time_budget_s": opts.time_budget, "setup_timeout_s": opts.setup_timeout,
+                "bcg_config_of_step_modes": {"check_weights": opts.check_weights},
                 "argv": sys.argv[1:] if argv is None else list(argv),
                 "timing": "CUDA events per call" if cuda else "perf_counter per call (no CUDA)"}
     return {"environment": environment(device, dtype, cuda), "settings": settings,
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{env['diffusers']}" + (f", shard {opts.shard}" if opts.shard else ""), flush=True)
     base = output_base(opts.out_dir)
     settings = Settings(opts.iters, opts.rounds, opts.warmup, opts.seed, opts.e2e, opts.e2e_steps,
-                        {"check_weights": opts.check_weights}, cache_specs(opts), opts.cache_compile)
+                        {"check_weights": opts.check_weights}, cache_specs(opts), opts.cache_compile,
+                        opts.setup_timeout)
     run_cases(cases, mode_override, settings, device, dtype, Clock(cuda), lambda msg: print(msg, flush=True),
               report, opts.time_budget, lambda: write_report(report, base, chart=False))
     print(f"done in {report['total_s']:.0f} s", flush=True)

@@ -99,6 +99,24 @@ def test_mode_unavailable_is_reported_na_without_a_traceback(monkeypatch):
     assert "traceback" not in results["fake"] and not runners
 
 
+def test_a_mode_past_the_setup_timeout_is_given_up_and_the_others_still_run(monkeypatch):
+    def slow(ctx):
+        import time
+
+        time.sleep(5)
+        raise AssertionError("the set-up time limit did not stop this mode")
+
+    monkeypatch.setitem(modes.MODE_REGISTRY, "slow", modes.Mode("slow", "a set-up that never ends in time", slow))
+    monkeypatch.setitem(modes.MODE_REGISTRY, "fine", modes.Mode(
+        "fine", "a mode that is ready at once", lambda ctx: modes.Runner("fine", lambda: torch.ones(2))))
+    settings = measure.Settings(1, 1, 1, 0, False, None, {}, setup_timeout=0.2)
+    ctx = types.SimpleNamespace(cuda=False)
+    results, runners = measure.set_up_modes(ctx, ["slow", "fine"], settings, Clock(False), lambda msg: None)
+    assert results["slow"]["status"] == "n/a"
+    assert results["slow"]["reason"] == "SetupTimeout: set-up took longer than 0.2 s (--setup-timeout)"
+    assert list(runners) == ["fine"] and results["fine"]["status"] == "ok"
+
+
 def test_partition_config_problem_names_the_missing_inductor_keys():
     assert modes.partition_config_problem() is None  # this torch has graph_partition and custom_should_partition_ops
     problem = modes.partition_config_problem(types.SimpleNamespace(graph_partition=True))
@@ -277,8 +295,9 @@ def test_variant_with_torchao_quantizes_after_the_build_and_notes_the_config(tmp
     (["--cache-rows", "nocache"], "unknown cache"),
     (["--cache-rows", ","], "names no cache"),
     (["--cache-compile"], "--cache-compile needs --cache-rows"),
+    (["--setup-timeout", "0"], "--setup-timeout must be > 0 seconds"),
 ])
-def test_bench_bad_cache_rows_exit_2(capsys, argv, needle):
+def test_bench_bad_options_exit_2(capsys, argv, needle):
     assert bench_step.main(argv) == 2
     assert needle in capsys.readouterr().err
 

@@ -9,7 +9,9 @@ the others run (and reactivated, i.e. recaptured with untimed warm-up calls, bef
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import signal
 import statistics
 import time
 import traceback
@@ -44,6 +46,31 @@ class Settings:
     bcg_options: dict[str, Any]
     cache_rows: tuple[str, ...] = ()  # --cache-rows: the step caches of the cache row (empty: no cache row)
     cache_compile: bool = False  # --cache-compile: the cache row also runs regional compile + cache
+    setup_timeout: float | None = None  # --setup-timeout: seconds a mode's set-up may take (None: no limit)
+
+
+class SetupTimeout(BaseException):
+    """A mode's set-up ran past ``--setup-timeout`` (a ``BaseException``, so that no ``except Exception`` in
+    torch.compile's code swallows it on the way out)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise :class:`SetupTimeout` in the main thread once ``seconds`` have passed (``None``: no limit)."""
+    if seconds is None:
+        yield
+        return
+
+    def expire(_signum, _frame):
+        raise SetupTimeout(f"set-up took longer than {seconds:g} s (--setup-timeout)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def err_text(exc: BaseException) -> str:
@@ -162,11 +189,12 @@ def set_up_modes(ctx, modes, settings, clock, log) -> tuple[dict[str, dict], dic
             res.update(status="n/a", reason="needs CUDA")
             continue
         try:
-            runners[name], out = set_up_mode(name, ctx, settings, clock, res)
-        except Exception as exc:  # noqa: BLE001 - one mode's failure must not stop the others
-            unavailable = name == "whole_graph" or isinstance(exc, ModeUnavailable)
+            with time_limit(settings.setup_timeout):
+                runners[name], out = set_up_mode(name, ctx, settings, clock, res)
+        except (Exception, SetupTimeout) as exc:  # noqa: BLE001 - one mode's failure must not stop the others
+            unavailable = name == "whole_graph" or isinstance(exc, (ModeUnavailable, SetupTimeout))
             res.update(status="n/a" if unavailable else "error", reason=err_text(exc))
-            if not isinstance(exc, ModeUnavailable):
+            if not isinstance(exc, (ModeUnavailable, SetupTimeout)):
                 res["traceback"] = traceback.format_exc(limit=8)
             log(f"    {name}: {res['status']}: {res['reason']}")
             free_memory(ctx.cuda)
