@@ -2,6 +2,12 @@
 
 Used by ``scripts/generate.py --quant``, the benchmark and the tests. torchao is optional
 (``pip install -e ".[quant]"``); :func:`require_torchao` says how to install it.
+
+The configs are made with ``set_inductor_config=False``: torchao's default changes Inductor's settings for
+the whole process when ``quantize_`` runs (coordinate-descent tuning of every Triton kernel), which on an
+H200 made the first regional compile of Flux.1 fp8 take 182 s instead of about 25 s and also slows every
+later compile in the process, quantized or not. Call
+``torchao.quantization.utils.recommended_inductor_config_setter()`` yourself to have those settings.
 """
 
 from __future__ import annotations
@@ -35,11 +41,11 @@ def require_torchao() -> Any:
 
 
 def torchao_config(name: str) -> Any:
-    """The torchao config for ``name``; ``ValueError`` for an unknown name, :class:`TorchaoMissing`
-    without torchao."""
+    """The torchao config for ``name``, leaving Inductor's settings alone (``set_inductor_config=False``);
+    ``ValueError`` for an unknown name, :class:`TorchaoMissing` without torchao."""
     if name not in _CONFIGS:
         raise ValueError(f"unknown quantization {name!r}; use one of: {QUANT_HELP}")
-    return getattr(require_torchao(), _CONFIGS[name])()
+    return getattr(require_torchao(), _CONFIGS[name])(set_inductor_config=False)
 
 
 def quantize(transformer: Any, name: str) -> Any:

@@ -23,3 +23,32 @@ def _no_leftover_attention_patches():
     for key in list(attention_breaks._patches):
         attention_breaks._patches[key].refcount = 1
         attention_breaks._release(key)
+
+
+@pytest.fixture
+def fake_torchao(monkeypatch):
+    """torchao's four configs (keeping their keyword arguments) and a ``quantize_`` that records
+    ``(module, config class name, config.set_inductor_config)`` instead of quantizing; yields that list.
+    Patches the installed torchao where there is one (libraries look it up by its spec), else stands in
+    for the package."""
+    import sys
+    import types
+
+    def init(config, **kwargs):
+        config.__dict__.update(kwargs)
+
+    calls = []
+    try:
+        import torchao.quantization as quantization
+    except ImportError:
+        quantization = types.ModuleType("torchao.quantization")
+        package = types.ModuleType("torchao")
+        package.quantization = quantization
+        monkeypatch.setitem(sys.modules, "torchao", package)
+        monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+    for name in ("Float8DynamicActivationFloat8WeightConfig", "Float8WeightOnlyConfig", "Int8WeightOnlyConfig",
+                 "Int8DynamicActivationInt8WeightConfig"):
+        monkeypatch.setattr(quantization, name, type(name, (), {"__init__": init}), raising=False)
+    monkeypatch.setattr(quantization, "quantize_", lambda module, config: calls.append(
+        (module, type(config).__name__, getattr(config, "set_inductor_config", True))), raising=False)
+    yield calls

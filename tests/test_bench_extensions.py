@@ -267,20 +267,11 @@ def test_variant_without_torchao_is_skipped_with_the_install_hint(tmp_path, monk
 
 
 @CPU_ONLY
-def test_variant_with_torchao_quantizes_after_the_build_and_notes_the_config(tmp_path, monkeypatch):
-    calls = []
-    quantization = types.ModuleType("torchao.quantization")
-    for name in ("Float8DynamicActivationFloat8WeightConfig", "Float8WeightOnlyConfig", "Int8WeightOnlyConfig",
-                 "Int8DynamicActivationInt8WeightConfig"):
-        setattr(quantization, name, type(name, (), {}))
-    quantization.quantize_ = lambda module, config: calls.append((type(module).__name__, type(config).__name__))
-    package = types.ModuleType("torchao")
-    package.quantization = quantization
-    monkeypatch.setitem(sys.modules, "torchao", package)
-    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+def test_variant_with_torchao_quantizes_after_the_build_and_notes_the_config(tmp_path, fake_torchao):
     assert bench_step.main(["--cases", "flux:tiny@int8wo", "--modes", "eager,bcg", *FAST, "--no-e2e",
                             "--out-dir", str(tmp_path)]) == 0
-    assert calls == [("FluxTransformer2DModel", "Int8WeightOnlyConfig")]
+    calls = [(type(module).__name__, config, inductor) for module, config, inductor in fake_torchao]
+    assert calls == [("FluxTransformer2DModel", "Int8WeightOnlyConfig", False)]  # Inductor's settings left alone
     (case,) = json.loads(next(tmp_path.glob("*.json")).read_text())["cases"]
     assert case["case"] == "flux:tiny:64x64:b1@int8wo" and case["variant"] == "int8wo"
     assert "Int8WeightOnlyConfig" in case["variant_note"] and case["modes"]["bcg"]["status"] == "ok"

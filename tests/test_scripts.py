@@ -480,21 +480,6 @@ def test_generate_cache_on_a_family_it_cannot_run_on_exits_2(generate, capsys, n
     assert "It runs on: " + ", ".join(caches.CACHE_FAMILIES[name]) in err, err
 
 
-def _fake_torchao(monkeypatch, calls):
-    """A stand-in torchao package: the four configs and a quantize_ that records its arguments."""
-    import types
-
-    quantization = types.ModuleType("torchao.quantization")
-    for name in ("Float8DynamicActivationFloat8WeightConfig", "Float8WeightOnlyConfig", "Int8WeightOnlyConfig",
-                 "Int8DynamicActivationInt8WeightConfig"):
-        setattr(quantization, name, type(name, (), {}))
-    quantization.quantize_ = lambda module, config: calls.append((module, type(config).__name__))
-    package = types.ModuleType("torchao")
-    package.quantization = quantization
-    monkeypatch.setitem(sys.modules, "torchao", package)
-    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
-
-
 def _no_torchao(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao", None)  # `import torchao...` raises ImportError
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
@@ -517,9 +502,8 @@ def test_generate_quant_unknown_name_exits_2(generate, capsys, no_build):
 
 @pytest.mark.parametrize("name, config", [("fp8", "Float8DynamicActivationFloat8WeightConfig"),
                                           ("int8", "Int8DynamicActivationInt8WeightConfig")])
-def test_generate_quant_quantizes_the_transformer_after_the_build(generate, tmp_path, capsys, monkeypatch, name, config):
-    calls = []
-    _fake_torchao(monkeypatch, calls)
+def test_generate_quant_quantizes_the_transformer_after_the_build(generate, tmp_path, capsys, monkeypatch, fake_torchao,
+                                                                  name, config):
     import pipelines
 
     built = []
@@ -534,10 +518,26 @@ def test_generate_quant_quantizes_the_transformer_after_the_build(generate, tmp_
     assert generate.main(["--quant", name, "--cache", "fbc", "--steps", "2", "--out", str(tmp_path / "q.png")]) == 0
     text = capsys.readouterr().out
     (pipe,) = built
-    assert calls == [(pipe.transformer, config)]  # once, on the built pipeline's transformer, with the config
+    # once, on the built pipeline's transformer, with the config, which leaves Inductor's settings alone
+    assert fake_torchao == [(pipe.transformer, config, False)]
     assert f"torchao quantize_(transformer, {config}())" in text
     assert ("runs eagerly" in text) == (name == "int8")  # int8 dynamic cannot be captured: said
     assert len(_count_lines(text)) == 1
+
+
+@pytest.mark.parametrize("name", ["int8wo", "int8"])
+def test_quantize_leaves_inductor_settings_alone(name):
+    """torchao's configs switch on coordinate-descent tuning for the whole process by default (a 7x slower
+    first compile of Flux fp8 on the H200); ours do not (real torchao, on a tiny CPU model)."""
+    pytest.importorskip("torchao")
+    import torch._inductor.config as inductor_config
+
+    from pipelines.quant import quantize
+
+    before = (inductor_config.coordinate_descent_tuning, inductor_config.coordinate_descent_check_all_directions)
+    quantize(torch.nn.Sequential(torch.nn.Linear(64, 64)).to(torch.bfloat16), name)
+    after = (inductor_config.coordinate_descent_tuning, inductor_config.coordinate_descent_check_all_directions)
+    assert after == before
 
 
 def test_pyproject_quant_extra_pins_torchao():
