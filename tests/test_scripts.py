@@ -534,10 +534,11 @@ def test_quantize_leaves_inductor_settings_alone(name):
 
     from pipelines.quant import quantize
 
-    before = (inductor_config.coordinate_descent_tuning, inductor_config.coordinate_descent_check_all_directions)
-    quantize(torch.nn.Sequential(torch.nn.Linear(64, 64)).to(torch.bfloat16), name)
-    after = (inductor_config.coordinate_descent_tuning, inductor_config.coordinate_descent_check_all_directions)
-    assert after == before
+    keys = ("coordinate_descent_tuning", "coordinate_descent_check_all_directions")
+    with inductor_config.patch(dict.fromkeys(keys, False)):  # off before, whatever ran earlier; restored after
+        quantize(torch.nn.Sequential(torch.nn.Linear(64, 64)).to(torch.bfloat16), name)
+        after = {key: getattr(inductor_config, key) for key in keys}
+    assert after == dict.fromkeys(keys, False)
 
 
 def test_pyproject_quant_extra_pins_torchao():

@@ -192,9 +192,9 @@ def set_up_modes(ctx, modes, settings, clock, log) -> tuple[dict[str, dict], dic
             with time_limit(settings.setup_timeout):
                 runners[name], out = set_up_mode(name, ctx, settings, clock, res)
         except (Exception, SetupTimeout) as exc:  # noqa: BLE001 - one mode's failure must not stop the others
-            unavailable = name == "whole_graph" or isinstance(exc, (ModeUnavailable, SetupTimeout))
-            res.update(status="n/a" if unavailable else "error", reason=err_text(exc))
-            if not isinstance(exc, (ModeUnavailable, SetupTimeout)):
+            expected = isinstance(exc, (ModeUnavailable, SetupTimeout))  # said plainly, without a traceback
+            res.update(status="n/a" if expected or name == "whole_graph" else "error", reason=err_text(exc))
+            if not expected:
                 res["traceback"] = traceback.format_exc(limit=8)
             log(f"    {name}: {res['status']}: {res['reason']}")
             free_memory(ctx.cuda)
