@@ -14,7 +14,7 @@ from .accelerate import (
 )
 from .config import BCGConfig
 from .core import eager_on_graph, get_current_replay_token
-from .entries import BCGCaptureWarning
+from .integration.entries import BCGCaptureWarning
 from .errors import AccelerationError
 from .families import KNOWN_TRANSFORMERS, UnknownTransformerError
 from .stats import BCGStats, GraphEntryStats

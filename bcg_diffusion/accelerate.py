@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 import torch
 
-from . import fingerprint
+from .integration import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
 from .errors import AccelerationError
 from .families import transformer_info
-from .model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
-from .runner import GraphRunner
+from .integration.model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
+from .integration.runner import GraphRunner
 from .stats import BCGStats, GraphEntryStats
 
 logger = logging.getLogger("bcg_diffusion")

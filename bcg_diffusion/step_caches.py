@@ -2,7 +2,7 @@
 
 Under :func:`~bcg_diffusion.accelerate_pipeline` a step cache's hooks run on every call and the
 modules they guard (blocks, attention modules) replay captured sub-graphs when the hooks compute
-them (see :mod:`bcg_diffusion.hooked_modules`). :func:`count_cache_passes` reports, for a block of
+them (see :mod:`bcg_diffusion.integration.hooked_modules`). :func:`count_cache_passes` reports, for a block of
 code, how many calls the cached modules received and in how many the cache computed the module.
 """
 
@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .model_hooks import ForwardHook, insert_innermost, remove_exactly
-from .model_state import STEP_CACHE_HOOKS, diffusers_hook_names
+from .accelerate import _runners
+from .integration.model_hooks import ForwardHook, insert_innermost, remove_exactly
+from .integration.model_state import STEP_CACHE_HOOKS, diffusers_hook_names
 
 _COUNTER_HOOK = "bcg_pass_counter"
 
@@ -50,8 +51,6 @@ def count_cache_passes(transformer: torch.nn.Module) -> Iterator[CachePasses]:
     Accelerated: read from the graph runner (replayed calls). Eager: counting hooks are put at
     both ends of each cached module's hook chain for the duration of the block.
     """
-    from .accelerate import _runners
-
     counts = CachePasses()
     runners = _runners(transformer)
     if runners:

@@ -18,7 +18,7 @@ def _no_leftover_attention_patches():
     """A failed test must not leave attention patches behind for the next one (they would change every
     later eager call)."""
     yield
-    from bcg_diffusion import attention_breaks
+    from bcg_diffusion.integration import attention_breaks
 
     for key in list(attention_breaks._patches):
         attention_breaks._patches[key].refcount = 1

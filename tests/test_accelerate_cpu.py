@@ -7,10 +7,10 @@ import torch
 
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
-from bcg_diffusion import attention_breaks, fingerprint
-from bcg_diffusion.keys import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.integration import attention_breaks, fingerprint
+from bcg_diffusion.integration.keys import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
 from bcg_diffusion.families import TransformerInfo
-from bcg_diffusion.text_buckets import bucket_for, pad_text_to_bucket
+from bcg_diffusion.integration.text_buckets import bucket_for, pad_text_to_bucket
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from bcg_diffusion import attention_breaks
+from bcg_diffusion.integration import attention_breaks
 
 pipelines = pytest.importorskip("pipelines")
 

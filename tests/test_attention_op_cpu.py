@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from bcg_diffusion import attention_breaks, attention_op
+from bcg_diffusion.integration import attention_breaks, attention_op
 
 pipelines = pytest.importorskip("pipelines")
 

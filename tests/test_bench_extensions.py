@@ -33,7 +33,7 @@ FAST = ["--iters", "2", "--rounds", "2", "--warmup", "1"]
 @pytest.fixture(autouse=True)
 def _no_leftover_patches():
     """Every test ends with no attention wrapper installed (a leak would change every later eager call)."""
-    from bcg_diffusion import attention_breaks
+    from bcg_diffusion.integration import attention_breaks
 
     yield
     assert attention_breaks.installed_patches() == []
@@ -175,7 +175,7 @@ def _recording_compile(monkeypatch, graphs):
 
 
 def test_partition_ceiling_traces_attention_as_the_bcg_op_while_active(monkeypatch):
-    from bcg_diffusion import attention_breaks
+    from bcg_diffusion.integration import attention_breaks
 
     graphs = []
     _recording_compile(monkeypatch, graphs)

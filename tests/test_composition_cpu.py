@@ -14,8 +14,8 @@ from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook, appl
 
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
-from bcg_diffusion import attention_breaks, keys, model_hooks
-from bcg_diffusion.runner import GraphRunner
+from bcg_diffusion.integration import attention_breaks, keys, model_hooks
+from bcg_diffusion.integration.runner import GraphRunner
 
 pipelines = pytest.importorskip("pipelines")
 
@@ -270,7 +270,7 @@ def test_global_module_hooks_are_refused(pretend_cuda):
 def test_key_state_holds_math_modes_default_dtype_and_the_attention_backend():
     from diffusers.models.attention_dispatch import attention_backend
 
-    from bcg_diffusion.keys import active_attention_backend as _active_attention_backend
+    from bcg_diffusion.integration.keys import active_attention_backend as _active_attention_backend
 
     model = torch.nn.Linear(2, 2)
     base = keys.execution_state(model, (("attention_backend", _active_attention_backend()),))

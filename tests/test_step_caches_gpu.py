@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from bcg_diffusion import attention_breaks
+from bcg_diffusion.integration import attention_breaks
 from bcg_diffusion.step_caches import count_cache_passes
 
 pytest.importorskip("pipelines")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import logging
 import warnings
@@ -12,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from . import _cudart, side_streams
+from .active_capture import ACTIVE_CAPTURE, is_capturing_breakable
 from .boxing import box_tuple, unbox_tuple
 from .graph import BreakableCUDAGraph, GraphState, _EagerBreak
 from .hooked_calls import CapturedBody, HookedCallStep, argument_signature, bypassing_hooks
@@ -21,13 +21,7 @@ from .tree import tree_map
 
 logger = logging.getLogger(__name__)
 
-_CAPTURE: contextvars.ContextVar["_CaptureState | None"] = contextvars.ContextVar("bcg_capture", default=None)
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
-
-
-def is_capturing_breakable() -> bool:
-    """True while a :class:`BreakableCUDAGraphCapture` is active in this context (thread/task)."""
-    return _CAPTURE.get() is not None
 
 
 class _CaptureState:
@@ -155,7 +149,7 @@ class _CaptureState:
         sub = BreakableCUDAGraph()
         sub._begin(self.pool, self.stream.device, debug=False)
         sub_state = _CaptureState(sub, self.pool, self.stream, self.mode, debug=False, parent=self)
-        token = _CAPTURE.set(sub_state)
+        token = ACTIVE_CAPTURE.set(sub_state)
         try:
             sub_state.begin_segment()
             outputs = body.fn(*args, **kwargs)
@@ -166,7 +160,7 @@ class _CaptureState:
             sub._fail(f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            _CAPTURE.reset(token)
+            ACTIVE_CAPTURE.reset(token)
         keep = (lambda v: v) if retain_args else (lambda v: detach_from_pool(v, self.membership))
         self.graph._add_break(
             HookedCallStep(
@@ -322,7 +316,7 @@ class BreakableCUDAGraphCapture:
         self._resets: list[Callable[[], None]] = []
 
     def __enter__(self) -> BreakableCUDAGraph:
-        if _CAPTURE.get() is not None:
+        if ACTIVE_CAPTURE.get() is not None:
             raise RuntimeError(
                 "nested BreakableCUDAGraphCapture: a breakable capture is already active in this context; "
                 "end it before starting another (use eager_on_graph for work that must run eagerly)"
@@ -377,8 +371,8 @@ class BreakableCUDAGraphCapture:
 
     def _activate(self, state: _CaptureState) -> None:
         self._state = state
-        token = _CAPTURE.set(state)
-        self._resets.append(lambda: _CAPTURE.reset(token))
+        token = ACTIVE_CAPTURE.set(state)
+        self._resets.append(lambda: ACTIVE_CAPTURE.reset(token))
         no_token = no_replay_token()
         no_token.__enter__()
         self._resets.append(lambda: no_token.__exit__(None, None, None))
@@ -438,7 +432,7 @@ def eager_on_graph(
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            state = _CAPTURE.get()
+            state = ACTIVE_CAPTURE.get()
             if state is None:
                 return fn(*args, **kwargs)
             return state.run_break(fn, capture_stub, name, args, kwargs, capture_allocator)

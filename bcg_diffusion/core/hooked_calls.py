@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .active_capture import ACTIVE_CAPTURE
 from .boxing import box_tuple
 from .copy_back import copy_into
 from .tree import tree_map, walk
@@ -148,9 +149,7 @@ def hooked_call(
     record a :class:`HookedCallStep` instead (see the module docstring)."""
     if _BYPASS.get():
         return body.fn(*args, **kwargs)
-    from .capture import _CAPTURE  # the capture module imports this one
-
-    state = _CAPTURE.get()
+    state = ACTIVE_CAPTURE.get()
     if state is None:
         return chain(*args, **kwargs)
     return state.run_hooked(

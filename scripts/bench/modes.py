@@ -304,13 +304,13 @@ def partition_config_problem(inductor_config: Any = None) -> str | None:
 def setup_partition_ceiling(ctx: StepContext, inductor_config: Any = None) -> Runner:
     """The ceiling of compiled code with eager attention, done by torch itself: ``torch.compile(copy,
     mode="reduce-overhead")`` with Inductor's graph partition, split at the attention custom ops (the
-    wrappers of bcg_diffusion.attention_breaks, installed while this mode is active, make attention the ops
+    wrappers of bcg_diffusion.integration.attention_breaks, installed while this mode is active, make attention the ops
     when traced). The inductor config is patched around every call, so compilation (on the first calls,
     and any recompile) sees it; other modes never do."""
     problem = partition_config_problem(inductor_config)
     if problem:
         raise ModeUnavailable(problem)
-    from bcg_diffusion import attention_breaks
+    from bcg_diffusion.integration import attention_breaks
 
     module = weight_sharing_copy(ctx.transformer)
     compiled = torch.compile(module, mode="reduce-overhead")

@@ -15,13 +15,13 @@ from typing import Any, Callable
 import torch
 
 from . import attention_breaks
-from .config import BCGConfig
-from .core.copy_back import BreakOutputMismatchError
-from .core.tree import tree_map
+from ..config import BCGConfig
+from ..core.copy_back import BreakOutputMismatchError
+from ..core.tree import tree_map
 from .eager_modules import EagerModules
-from .errors import AccelerationError
+from ..errors import AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
-from .families import TransformerInfo
+from ..families import TransformerInfo
 from .hooked_modules import HookedModules
 from .keys import GraphKey, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
 from .model_state import ModelState, Structure
@@ -153,7 +153,7 @@ class GraphRunner:
             if static is not live:
                 static.copy_(live)
         if self.config.debug:
-            from .core.capture import BreakableCUDAGraphCapture
+            from ..core.capture import BreakableCUDAGraphCapture
 
             s_args, s_kwargs = entry.debug_inputs
             with attention_breaks.policy(self.config.attention), BreakableCUDAGraphCapture(entry.graph, debug=True):

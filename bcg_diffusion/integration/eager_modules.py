@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from .core.capture import eager_on_graph
+from ..core.capture import eager_on_graph
 
 _MISSING = object()
 

@@ -19,6 +19,8 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import HookFunctionReference
 
+from ..errors import AccelerationError
+
 _REGISTRY_ATTR = "_diffusers_hook"
 _CREATED_MARK = "_bcg_created_registry"
 
@@ -33,8 +35,6 @@ class BCGHook(ModelHook):
     """Base of our hooks: ``new_forward`` calls ``self.target`` (set by the subclass)."""
 
     def __deepcopy__(self, memo: dict) -> Any:
-        from .accelerate import AccelerationError
-
         raise AccelerationError(DEEPCOPY_MESSAGE)
 
 

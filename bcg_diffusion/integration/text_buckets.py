@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .families import TransformerInfo
+from ..families import TransformerInfo
 
 
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int | None:

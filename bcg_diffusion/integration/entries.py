@@ -13,11 +13,11 @@ from typing import Any, Callable
 import torch
 
 from . import attention_breaks, attention_layouts
-from .config import BCGConfig
-from .core.capture import BreakableCUDAGraphCapture
-from .core.graph import BreakableCUDAGraph
-from .core.hooked_calls import bypassing_hooks
-from .core.nonowning import pool_segments
+from ..config import BCGConfig
+from ..core.capture import BreakableCUDAGraphCapture
+from ..core.graph import BreakableCUDAGraph
+from ..core.hooked_calls import bypassing_hooks
+from ..core.nonowning import pool_segments
 from .eager_modules import EagerModules
 from .keys import GraphKey
 

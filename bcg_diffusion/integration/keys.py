@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .core.tree import tree_map, walk
+from ..core.tree import tree_map, walk
 
 _HASHABLE_LEAVES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
@@ -37,7 +37,7 @@ class GraphKey:
     thread state of :func:`execution_state` (grad, autocast, math modes, the attention backend in
     force); ``weights`` the fingerprint of parameters, buffers and adapter state. The model's
     structure (processors, hooks) is not in the key: a change of it drops every graph of the
-    transformer (see :mod:`bcg_diffusion.model_state`).
+    transformer (see :mod:`bcg_diffusion.integration.model_state`).
     """
 
     inputs: tuple[tuple[str, Any], ...]

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from . import attention_layouts, attention_op
-from .core.capture import eager_on_graph, is_capturing_breakable
+from ..core.capture import eager_on_graph, is_capturing_breakable
 
 _DISPATCH_NAME = "dispatch_attention_fn"
 _SDPA_NAME = "scaled_dot_product_attention"

@@ -26,7 +26,7 @@ import torch
 from diffusers.hooks._common import _ATTENTION_CLASSES
 
 from . import fingerprint
-from .errors import AccelerationError
+from ..errors import AccelerationError
 from .model_hooks import hooks_of
 
 OUR_HOOK_PREFIX = "bcg_"

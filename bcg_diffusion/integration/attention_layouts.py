@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .core.tree import tree_map
+from ..core.tree import tree_map
 
 _RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("bcg_attn_record", default=None)
 _PLAN: contextvars.ContextVar["_LayoutPlan | None"] = contextvars.ContextVar("bcg_attn_plan", default=None)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from .core.hooked_calls import CapturedBody, hooked_call
+from ..core.hooked_calls import CapturedBody, hooked_call
 from .model_hooks import ForwardHook, insert_innermost, invalidate_registry_caches, registry_of, remove_exactly
 from .model_state import HookedModule, HookRule
 
