@@ -12,12 +12,14 @@ from .accelerate import (
     is_accelerated,
     remove_acceleration,
 )
+from .compile_cache import CompileCache, use_compile_cache
 from .config import BCGConfig
 from .core import eager_on_graph, get_current_replay_token
 from .integration.entries import BCGCaptureWarning
 from .errors import AccelerationError
 from .families import KNOWN_TRANSFORMERS, UnknownTransformerError
 from .stats import BCGStats, GraphEntryStats
+from .warmup import WarmedShape, WarmupReport, warmup
 
 __version__ = "0.1.0"
 
@@ -26,9 +28,12 @@ __all__ = [
     "BCGCaptureWarning",
     "BCGConfig",
     "BCGStats",
+    "CompileCache",
     "GraphEntryStats",
     "KNOWN_TRANSFORMERS",
     "UnknownTransformerError",
+    "WarmedShape",
+    "WarmupReport",
     "__version__",
     "accelerate_pipeline",
     "accelerate_transformer",
@@ -38,4 +43,6 @@ __all__ = [
     "get_stats",
     "is_accelerated",
     "remove_acceleration",
+    "use_compile_cache",
+    "warmup",
 ]
