@@ -246,6 +246,7 @@ def get_stats(obj: Any) -> BCGStats | None:
                     hits=entry.hits,
                     fallback=entry.fallback,
                     eager_modules=tuple(entry.eager_modules),
+                    capture_phases=tuple(entry.phases.items()),
                 )
             )
     passes = [r.cache_passes() for r in runners]
@@ -260,6 +261,7 @@ def get_stats(obj: Any) -> BCGStats | None:
         graph_memory_bytes=sum(e.memory_bytes for e in entries),
         entries=tuple(entries),
         structure_changes=sum(r.structure_changes for r in runners),
+        warmup_calls=sum(r.warmup_calls for r in runners),
         hooked_module_calls=sum(c for c, _ in passes),
         hooked_module_computed=sum(d for _, d in passes),
     )

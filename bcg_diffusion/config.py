@@ -23,8 +23,10 @@ class BCGConfig:
             evicted beyond it. At least 1.
         memory_budget_bytes: evict least recently used graphs while the graphs of one
             transformer hold more GPU memory than this. ``None``: no budget.
-        warmup_iters: eager runs of the forward on the capture stream before capture (lazy
-            initialisation, compiled code, attention layouts). At least 1.
+        warmup_iters: calls of a new key that run eagerly before it is captured (at the next
+            call). They are real calls (their results are returned); they warm lazy
+            initialisation and compiled code, and record the attention output layouts the capture
+            allocates. At least 1.
         text_buckets: opt-in padding of the text sequence, for transformers that take a text
             mask and whose text length varies per prompt (QwenImage): the text is padded with
             masked tokens up to the next bucket so one graph serves many prompts. Padding with

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 import warnings
 from typing import Any, Callable
 
@@ -58,6 +59,7 @@ class _CaptureState:
         segment, self.segment = self.segment, None
         self._to_refork = self.tracker.join_all()
         nodes = _cudart.captured_node_count(self.stream)
+        start = time.perf_counter()
         if nodes == 0:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch warns about empty graphs
@@ -65,9 +67,10 @@ class _CaptureState:
             # Not replayed, but kept alive: destroying it would drop the pool's use count to zero
             # while later segments still capture into the pool.
             self.graph._retain(segment)
-            return
-        segment.capture_end()
-        self.graph._add_segment(segment)
+        else:
+            segment.capture_end()
+            self.graph._add_segment(segment)
+        self.graph._time("instantiate", time.perf_counter() - start)
 
     def run_break(
         self,
@@ -155,6 +158,8 @@ class _CaptureState:
             outputs = body.fn(*args, **kwargs)
             sub_state.end_segment()
             sub._finish()
+            for phase, seconds in sub.capture_seconds.items():
+                self.graph._time(phase, seconds)
         except BaseException as exc:
             sub_state.abort()
             sub._fail(f"{type(exc).__name__}: {exc}")
@@ -329,6 +334,7 @@ class BreakableCUDAGraphCapture:
                 "BreakableCUDAGraphCapture needs a CUDA device, and torch sees none; run the code "
                 "eagerly, or use debug=True to exercise the break structure without capture"
             )
+        start = time.perf_counter()
         _cudart.cudart()  # clear install hint now, not mid-capture
         current = torch.cuda.current_stream()
         if _cudart.is_stream_capturing(current):
@@ -348,12 +354,14 @@ class BreakableCUDAGraphCapture:
         # write into memory the graph's kernels use (the graph keeps using its block).
         self._resets.append(clear_blas_workspaces)
         self._resets.append(lambda: current.wait_stream(stream))
+        blas_start = time.perf_counter()
         try:
             self.graph._retain(_own_blas_workspace(pool, stream, self.capture_error_mode))
         except BaseException as exc:
             self.graph._fail(f"{type(exc).__name__}: {exc}")
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self.graph._time("blas_workspace", time.perf_counter() - blas_start)
         state = _CaptureState(self.graph, pool, stream, self.capture_error_mode, debug=False)
         self._activate(state)
         fork_token = side_streams.install(state.tracker)
@@ -363,6 +371,7 @@ class BreakableCUDAGraphCapture:
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
+        self.graph._time("setup", time.perf_counter() - start)
         return self.graph
 
     def _enter_debug(self) -> None:

@@ -73,6 +73,9 @@ class BreakableCUDAGraph:
         self._pool: Any = None
         self._debug: _DebugBridges | None = None
         self.device: torch.device | None = None
+        # Host seconds of the capture by phase: "setup" (stream, library handles, cuBLAS workspace),
+        # "instantiate" (capture_end of every segment: end of capture and graph instantiation).
+        self.capture_seconds: dict[str, float] = {}
 
     # -- introspection -------------------------------------------------------------------
     @property
@@ -148,6 +151,7 @@ class BreakableCUDAGraph:
         self._failure = None
         self._pool = None
         self._debug = None
+        self.capture_seconds = {}
 
     # -- used by the capture ----------------------------------------------------------------
     def _begin(self, pool: Any, device: torch.device, debug: bool) -> None:
@@ -164,6 +168,9 @@ class BreakableCUDAGraph:
         self._state = GraphState.CAPTURING
         self._pool = pool
         self.device = device
+
+    def _time(self, phase: str, seconds: float) -> None:
+        self.capture_seconds[phase] = self.capture_seconds.get(phase, 0.0) + seconds
 
     def _add_segment(self, segment: torch.cuda.CUDAGraph) -> None:
         self._steps.append(_Segment(segment))

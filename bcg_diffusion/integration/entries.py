@@ -16,7 +16,6 @@ from . import attention_breaks, attention_layouts
 from ..config import BCGConfig
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
-from ..core.hooked_calls import bypassing_hooks
 from ..core.nonowning import pool_segments
 from .eager_modules import EagerModules
 from .keys import GraphKey
@@ -48,6 +47,9 @@ class GraphEntry:
     hits: int = 0
     eager_modules: list[str] = field(default_factory=list)
     debug_inputs: tuple | None = None  # debug mode: the static (args, kwargs) the forward reruns on
+    layouts: list | None = None  # attention output layouts recorded by the key's first (eager) calls
+    # host seconds of the capture by phase (see :func:`capture_entry`); "first_replay" added by the runner
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def segments(self) -> int:
@@ -114,41 +116,45 @@ class CaptureContext:
     evict_all: Callable[[], bool]
 
 
-def capture_entry(ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict) -> GraphEntry:
-    """Warm up on ``ctx.stream``, capture ``ctx.forward(*s_args, **s_kwargs)``, and on failure make
-    the module that was running an eager break and retry (``config.max_narrowing`` times), then
-    fall back to eager for this key. Hooks of hooked modules do not run here (their state must
-    advance once per real call): the caller replays the entry for the call's result."""
+def capture_entry(
+    ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict, layouts: list | None
+) -> GraphEntry:
+    """Capture ``ctx.forward(*s_args, **s_kwargs)`` on ``ctx.stream``, and on failure make the
+    module that was running an eager break and retry (``config.max_narrowing`` times), then fall
+    back to eager for this key. There is no warm-up run here: the key's first calls ran eagerly
+    (lazy initialisation, compiled code) and recorded ``layouts`` (attention output layouts).
+    Hooks of hooked modules do not run here (their state must advance once per real call): the
+    caller replays the entry for the call's result.
+
+    The entry's ``phases`` give the host seconds of the capture: ``setup`` (capture stream,
+    library handles and, within it, ``blas_workspace``), ``record`` (the forward under capture),
+    ``instantiate`` (ending each segment's capture: instantiation of its graph), ``accounting``
+    (graph memory), and ``retries`` (failed attempts before the one kept)."""
     with capture_lock, attention_breaks.policy(ctx.config.attention):
-        return _capture(ctx, key, static, s_args, s_kwargs)
+        return _capture(ctx, key, static, s_args, s_kwargs, layouts)
 
 
-def _capture(ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict) -> GraphEntry:
+def _capture(
+    ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict, layouts: list | None
+) -> GraphEntry:
     name = type(ctx.module).__name__
-    stream, current = ctx.stream, torch.cuda.current_stream()
+    stream = ctx.stream
     start = time.perf_counter()
-    stream.wait_stream(current)
-    try:
-        with torch.cuda.stream(stream), attention_layouts.recording_layouts() as layouts, bypassing_hooks():
-            for _ in range(ctx.config.warmup_iters):
-                ctx.forward(*s_args, **s_kwargs)
-    except Exception as exc:
-        current.wait_stream(stream)
-        raise RuntimeError(
-            f"{name} failed in its eager warm-up run before capture; this is an error of the model call "
-            "itself (it would fail without bcg-diffusion too)"
-        ) from exc
-    current.wait_stream(stream)
     if ctx.config.debug:
         graph = BreakableCUDAGraph()
         with BreakableCUDAGraphCapture(graph, debug=True):
             ctx.forward(*s_args, **s_kwargs)
-        return GraphEntry(key, graph, static, None, capture_time_s=time.perf_counter() - start, debug_inputs=(s_args, s_kwargs))
+        elapsed = time.perf_counter() - start
+        return GraphEntry(
+            key, graph, static, None, capture_time_s=elapsed, debug_inputs=(s_args, s_kwargs), layouts=layouts,
+            phases={"record": elapsed},
+        )
     narrowed: list[str] = []
     retried = False
     while True:
         graph = BreakableCUDAGraph()
         tracker = _ModuleTracker(ctx.module)
+        attempt = time.perf_counter()
         try:
             with attention_layouts.using_layouts(layouts), BreakableCUDAGraphCapture(
                 graph, stream=stream, capture_error_mode="thread_local"
@@ -172,7 +178,7 @@ def _capture(ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_
                     f"bcg: capture of {name} failed{where} ({op}); this input shape now runs eagerly. Name the "
                     "module in BCGConfig.eager_modules, or use debug=True to investigate."
                 )
-                return GraphEntry(key, None, [], None, fallback=op, capture_time_s=time.perf_counter() - start)
+                return GraphEntry(key, None, [], None, fallback=op, capture_time_s=time.perf_counter() - start, layouts=layouts)
             ctx.eager_modules.add(culprit)
             narrowed.append(culprit)
             ctx.warn(
@@ -182,10 +188,19 @@ def _capture(ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_
             continue
         tracker.remove()
         break
+    recorded = time.perf_counter()
     memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
-    logger.debug("bcg: captured %s: %r in %.3f s", key.summary(), graph, elapsed)
-    return GraphEntry(key, graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed)
+    phases = dict(graph.capture_seconds)
+    phases["record"] = recorded - attempt - phases.get("setup", 0.0) - phases.get("instantiate", 0.0)
+    phases["accounting"] = elapsed - (recorded - start)
+    if attempt > start:
+        phases["retries"] = attempt - start
+    logger.debug("bcg: captured %s: %r in %.3f s (%s)", key.summary(), graph, elapsed, phases)
+    return GraphEntry(
+        key, graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
+        layouts=layouts, phases=phases,
+    )
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:

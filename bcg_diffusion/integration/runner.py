@@ -10,11 +10,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks
+from . import attention_breaks, attention_layouts
 from ..config import BCGConfig
 from ..core.copy_back import BreakOutputMismatchError
 from ..core.tree import tree_map
@@ -28,6 +30,15 @@ from .model_state import ModelState, Structure
 from .text_buckets import pad_text_to_bucket
 
 logger = logging.getLogger("bcg_diffusion")
+_SEEN_LIMIT = 64  # keys seen but not captured yet, kept for their next call (least recently used dropped)
+
+
+@dataclass
+class _Seen:
+    """A key that ran eagerly but is not captured: its eager calls and their attention layouts."""
+
+    calls: int = 0
+    layouts: list | None = None
 
 
 class GraphRunner:
@@ -47,7 +58,9 @@ class GraphRunner:
         self.eager_modules = EagerModules(module)
         self.state = ModelState(module, every_call=config.check_weights == "every_call")
         self.hooked = HookedModules(module)
+        self._seen: collections.OrderedDict[GraphKey, _Seen] = collections.OrderedDict()
         self.misses = 0
+        self.warmup_calls = 0
         self.eager_calls = 0
         self.captures = 0
         self.structure_changes = 0
@@ -86,16 +99,26 @@ class GraphRunner:
         if not tensors or not all(t.is_cuda for t in tensors):
             return self._eager(args, kwargs, "inputs are not all on a CUDA device")
         self._follow_stream()
+        keyed = time.perf_counter()
         key = build_key(self.module, self.info, kwargs, inputs, self.state.weights.current())
+        key_s = time.perf_counter() - keyed
         entry = self.entries.get(key)
         if entry is None:
-            entry = self._new_entry(key, args, kwargs, tensors)
+            seen = self._seen.get(key)
+            if seen is None or seen.calls < self.config.warmup_iters:
+                return self._first_call(key, seen, args, kwargs)
+            entry = self._new_entry(key, args, kwargs, tensors, seen)
+            entry.phases["key"] = key_s  # weights fingerprint (when due) and key building
         else:
             self.entries.move_to_end(key)
         if entry.fallback is not None:
             return self._eager(args, kwargs, None)
+        first = entry.hits == 0
         try:
+            replay_start = time.perf_counter()
             out = self._run(entry, tensors)
+            if first:
+                entry.phases["first_replay"] = time.perf_counter() - replay_start
         except BreakOutputMismatchError as exc:
             # A break returned another shape than at capture: its output shape depends on values the
             # key does not hold. Never return a partial replay: this key runs eagerly from now on.
@@ -163,16 +186,34 @@ class GraphRunner:
         return tree_map(torch.Tensor.clone, entry.outputs)
 
     # -- new keys -------------------------------------------------------------------------
-    def _new_entry(self, key: GraphKey, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> GraphEntry:
-        self.misses += 1
-        if self.config.log_misses and self.entries:
-            closest = self._last_key or next(reversed(self.entries))
-            logger.info(
-                "bcg: %s new graph key (%d kept); changed %s",
-                type(self.module).__name__, len(self.entries), key.difference(closest),
-            )
-        self._last_key = key
+    def _first_call(self, key: GraphKey, seen: "_Seen | None", args: tuple, kwargs: dict) -> Any:
+        """A call of a key not captured yet: it runs eagerly (the real call: its result is returned),
+        warming lazy initialisation and compiled code, and records the attention output layouts the
+        capture at the key's next call allocates from."""
+        if seen is None:
+            self.misses += 1
+            if self.config.log_misses and (self.entries or self._seen):
+                closest = self._last_key or next(reversed(self.entries or self._seen))
+                logger.info(
+                    "bcg: %s new graph key (%d kept); changed %s",
+                    type(self.module).__name__, len(self.entries), key.difference(closest),
+                )
+            self._last_key = key
+            seen = self._seen[key] = _Seen()
+            while len(self._seen) > _SEEN_LIMIT:
+                self._seen.popitem(last=False)
+        self._seen.move_to_end(key)
+        self.warmup_calls += 1
+        with attention_layouts.recording_layouts() as layouts:
+            out = self.forward(*args, **kwargs)
+        seen.calls += 1
+        seen.layouts = layouts
+        return out
+
+    def _new_entry(self, key: GraphKey, args: tuple, kwargs: dict, tensors: list[torch.Tensor], seen: "_Seen") -> GraphEntry:
+        del self._seen[key]
         self._evict(keep=self.config.max_graphs - 1)
+        copied = time.perf_counter()
         static = [torch.empty_like(t).copy_(t) for t in tensors]  # same strides where dense; expanded inputs get dense buffers
         s_args, s_kwargs = rebuild_inputs(args, kwargs, static)
         if self._stream is None:
@@ -180,7 +221,9 @@ class GraphRunner:
         ctx = CaptureContext(
             self.module, self.forward, self.config, self.eager_modules, self._stream, self._warn, self._evict_for_memory
         )
-        entry = capture_entry(ctx, key, static, s_args, s_kwargs)
+        static_s = time.perf_counter() - copied
+        entry = capture_entry(ctx, key, static, s_args, s_kwargs, seen.layouts)
+        entry.phases["static_inputs"] = static_s
         self.captures += 1
         self.entries[key] = entry
         self._enforce_budget()
@@ -195,16 +238,22 @@ class GraphRunner:
         self._evict(keep=0)
         return had
 
-    def _evict(self, keep: int, over_budget: int | None = None) -> None:
+    def _evict(self, keep: int, over_budget: int | None = None, forget: bool = False) -> None:
         """Release least recently used entries while more than ``keep`` are kept, and, with a
-        budget, while the kept ones hold more than ``over_budget`` bytes (the newest always stays)."""
+        budget, while the kept ones hold more than ``over_budget`` bytes (the newest always stays).
+        An evicted key is captured again at its next call; with ``forget`` it starts anew (its first
+        call runs eagerly), as after a structure change."""
         evicted = False
         while len(self.entries) > keep or (
             over_budget is not None
             and len(self.entries) > 1
             and sum(e.memory_bytes for e in self.entries.values()) > over_budget
         ):
-            _, entry = self.entries.popitem(last=False)
+            key, entry = self.entries.popitem(last=False)
+            if forget:
+                self._seen.pop(key, None)
+            elif entry.fallback is None:  # it ran before: captured again at its next call
+                self._seen[key] = _Seen(self.config.warmup_iters, entry.layouts)
             entry.release()
             evicted = True
         if evicted and torch.cuda.is_available():
@@ -216,9 +265,11 @@ class GraphRunner:
             self._evict(keep=len(self.entries), over_budget=self.config.memory_budget_bytes)
 
     def clear(self) -> None:
-        """Drop every captured graph (they are recaptured on the next calls)."""
+        """Drop every captured graph and every key seen; each key runs eagerly once more, then is
+        captured again."""
         with self._lock:
-            self._evict(keep=0)
+            self._evict(keep=0, forget=True)
+            self._seen.clear()
 
     def close(self) -> None:
         """Free all graphs and undo every patch this runner made (hooked modules, eager modules,
