@@ -38,8 +38,11 @@ class BCGConfig:
             submodules that run as eager breaks of their own.
         allow_unknown: accept transformer classes the project does not know (generic path:
             breaks at ``dispatch_attention_fn`` and ``scaled_dot_product_attention``).
-        max_narrowing: after a failed capture, how many modules may be made eager breaks of
-            their own (one per retry) before the key falls back to eager.
+        max_narrowing: after a failed capture, how many parts may be made eager breaks of their
+            own (one per retry: the submodule, method or function that did host work, found from
+            the failure's frames; a second failing instance of a class makes the whole class eager)
+            before the key falls back to eager. A failure inline in the transformer's own forward
+            switches the key to module mode instead (its forward runs eagerly, its blocks replay).
         check_weights: when the weight fingerprint (addresses, version counters, adapter state)
             and the model structure (attention processors, hooks of submodules) are read again:
             ``"auto"`` (once per pipeline call under ``accelerate_pipeline``, every call for a bare
@@ -63,7 +66,7 @@ class BCGConfig:
     log_misses: bool = True
     eager_modules: tuple[str, ...] = field(default_factory=tuple)
     allow_unknown: bool = False
-    max_narrowing: int = 2
+    max_narrowing: int = 6
     check_weights: str = "auto"
     attention: str = "capture_safe"
     compile: bool = False

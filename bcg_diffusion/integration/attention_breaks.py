@@ -211,6 +211,20 @@ def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ())
     return undo
 
 
+def make_function_eager(module_name: str, name: str) -> Callable[[], None]:
+    """Make function ``name`` of Python module ``module_name`` an eager break (reference-counted,
+    shared by every transformer that asks); returns the undo function."""
+    home = sys.modules[module_name]
+    with _lock:
+        key = _acquire(home, name, _make_function_break)
+
+    def undo() -> None:
+        with _lock:
+            _release(key)
+
+    return undo
+
+
 def installed_patches() -> list[tuple[str, str]]:
     """(module, attribute) pairs currently patched (for tests and introspection)."""
     return sorted(_patches)

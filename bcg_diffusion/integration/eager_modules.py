@@ -12,20 +12,48 @@ _MISSING = object()
 
 
 class EagerModules:
-    """Submodules of one transformer whose forward runs as an eager break.
+    """Parts of one transformer that run as eager breaks: submodules, methods, functions.
 
     ``add`` wraps ``module.forward`` (an instance attribute, so nn.Module and diffusers hooks keep
     working) with :func:`eager_on_graph`; tuple results are boxed for the copy-back and unboxed
-    for the caller. ``restore`` puts every forward back exactly.
+    for the caller. ``add_method`` does the same for another method of one module instance
+    (``"patchify()"``), ``add_function`` for a module-level function of a Python module, by name
+    (``"pkg.mod.f()"``; a reference-counted patch shared with other transformers). ``restore``
+    puts everything back exactly.
     """
 
     def __init__(self, root: torch.nn.Module) -> None:
         self._root = root
         self._saved: dict[str, tuple[torch.nn.Module, Any]] = {}
+        self._methods: dict[str, tuple[torch.nn.Module, str, Any]] = {}
+        self._functions: dict[str, Callable[[], None]] = {}
 
     @property
     def names(self) -> list[str]:
-        return list(self._saved)
+        return list(self._saved) + list(self._methods) + list(self._functions)
+
+    def add_method(self, path: str, name: str) -> str:
+        """Make method ``name`` of the submodule at ``path`` ("" for the root) an eager break."""
+        label = f"{path + '.' if path else ''}{name}()"
+        if label in self._methods:
+            return label
+        module = self._root.get_submodule(path) if path else self._root
+        previous = module.__dict__.get(name, _MISSING)
+        bound = getattr(module, name)
+        wrapped = torch._dynamo.disable(eager_on_graph(_named(bound, f"{type(module).__name__}.{name}")))
+        object.__setattr__(module, name, wrapped)
+        self._methods[label] = (module, name, previous)
+        return label
+
+    def add_function(self, module_name: str, name: str) -> str:
+        """Make function ``name`` of Python module ``module_name`` an eager break where it is
+        called by that name (the patch is undone by :meth:`restore`)."""
+        from . import attention_breaks
+
+        label = f"{module_name}.{name}()"
+        if label not in self._functions:
+            self._functions[label] = attention_breaks.make_function_eager(module_name, name)
+        return label
 
     def add(self, name: str) -> None:
         if name in self._saved:
@@ -64,6 +92,23 @@ class EagerModules:
             else:
                 module.forward = previous
         self._saved.clear()
+        for module, name, previous in self._methods.values():
+            if previous is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                object.__setattr__(module, name, previous)
+        self._methods.clear()
+        while self._functions:
+            _, undo = self._functions.popitem()
+            undo()
+
+
+def _named(fn: Callable, qualname: str) -> Callable:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    run.__qualname__ = qualname
+    return run
 
 
 def _bound_forward(module: torch.nn.Module) -> Callable:

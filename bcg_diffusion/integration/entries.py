@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks, attention_layouts
+from . import attention_breaks, attention_layouts, failures
 from ..config import BCGConfig
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
@@ -48,72 +48,50 @@ class GraphEntry:
     eager_modules: list[str] = field(default_factory=list)
     debug_inputs: tuple | None = None  # debug mode: the static (args, kwargs) the forward reruns on
     layouts: list | None = None  # attention output layouts recorded by the key's first (eager) calls
+    module_mode: bool = False  # the transformer's forward runs eagerly, its children replay (see module_mode)
+    children: Any = None  # the ChildGraphs of a key in module mode
     # host seconds of the capture by phase (see :func:`capture_entry`); "first_replay" added by the runner
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def segments(self) -> int:
+        if self.children is not None:
+            return self.children.segments
         return self.graph.num_segments if self.graph is not None else 0
 
     @property
     def breaks(self) -> int:
+        if self.children is not None:
+            return self.children.breaks
         return self.graph.num_breaks if self.graph is not None else 0
 
     def release(self) -> None:
         if self.graph is not None:
             self.graph.reset()
+        if self.children is not None:
+            self.children.release()
         self.graph = None
         self.static_inputs = []
         self.outputs = None
-
-
-class _ModuleTracker:
-    """During capture: which candidate module (a transformer block or a direct child) is running."""
-
-    def __init__(self, root: torch.nn.Module) -> None:
-        self.stack: list[str] = []
-        self._handles: list[Any] = []
-        for name, child in root.named_children():
-            if _is_compiled(child):
-                continue  # hooks on a compiled module would make dynamo recompile mid-capture
-            if isinstance(child, torch.nn.ModuleList):
-                for index, block in enumerate(child):
-                    if not _is_compiled(block):
-                        self._watch(f"{name}.{index}", block)
-            else:
-                self._watch(name, child)
-
-    def _watch(self, name: str, module: torch.nn.Module) -> None:
-        def enter(*_: Any) -> None:
-            self.stack.append(name)
-
-        def leave(*_: Any) -> None:  # must return None: a forward hook's result replaces the output
-            if self.stack:
-                self.stack.pop()
-
-        self._handles.append(module.register_forward_pre_hook(enter))
-        self._handles.append(module.register_forward_hook(leave))
-
-    def culprit(self) -> str | None:
-        return self.stack[-1] if self.stack else None
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
 
 @dataclass
 class CaptureContext:
     """What a capture needs from its runner."""
 
-    module: torch.nn.Module
+    module: torch.nn.Module  # what is captured: the transformer, or one child of it in module mode
     forward: Callable
     config: BCGConfig
     eager_modules: EagerModules
     stream: torch.cuda.Stream
     warn: Callable[[str], None]
     evict_all: Callable[[], bool]
+    root: torch.nn.Module | None = None  # the transformer (default: ``module``)
+    pool: Any = None  # memory pool to capture into (default: a new one)
+
+    @property
+    def transformer(self) -> torch.nn.Module:
+        return self.root if self.root is not None else self.module
 
 
 def capture_entry(
@@ -151,18 +129,17 @@ def _capture(
         )
     narrowed: list[str] = []
     retried = False
+    failed_s = 0.0
     while True:
         graph = BreakableCUDAGraph()
-        tracker = _ModuleTracker(ctx.module)
         attempt = time.perf_counter()
         try:
             with attention_layouts.using_layouts(layouts), BreakableCUDAGraphCapture(
-                graph, stream=stream, capture_error_mode="thread_local"
+                graph, pool=ctx.pool, stream=stream, capture_error_mode="thread_local"
             ):
                 outputs = ctx.forward(*s_args, **s_kwargs)
         except Exception as exc:
-            culprit = tracker.culprit()
-            tracker.remove()
+            failed_s += time.perf_counter() - attempt
             op = describe_failure(exc)
             if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
                 continue
@@ -172,21 +149,31 @@ def _capture(
                 retried = True
                 logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
                 continue
-            if culprit is None or culprit in ctx.eager_modules.names or len(narrowed) >= ctx.config.max_narrowing:
-                where = f" in {culprit}" if culprit else ""
+            site = failures.locate(exc, ctx.transformer)
+            action = _narrow(ctx, site, narrowed)
+            elapsed = time.perf_counter() - start
+            if action is MODULE_MODE:
+                ctx.warn(
+                    f"bcg: capture of {name} failed in its own forward ({op}); its forward now runs eagerly and "
+                    "each call of its blocks and other submodules replays a graph of its own (module mode)."
+                )
+                return GraphEntry(
+                    key, None, [], None, capture_time_s=elapsed, eager_modules=narrowed, layouts=layouts,
+                    module_mode=True, phases={"retries": failed_s},
+                )
+            if action is None:
+                where = f" in {site.describe()}" if site is not None else ""
                 ctx.warn(
                     f"bcg: capture of {name} failed{where} ({op}); this input shape now runs eagerly. Name the "
                     "module in BCGConfig.eager_modules, or use debug=True to investigate."
                 )
-                return GraphEntry(key, None, [], None, fallback=op, capture_time_s=time.perf_counter() - start, layouts=layouts)
-            ctx.eager_modules.add(culprit)
-            narrowed.append(culprit)
+                return GraphEntry(key, None, [], None, fallback=op, capture_time_s=elapsed, layouts=layouts)
+            narrowed.append(action)
             ctx.warn(
-                f"bcg: capture of {name} failed in {culprit} ({type(ctx.module.get_submodule(culprit)).__name__}): "
-                f"{op}; {culprit} now runs as an eager break of its own and the rest is captured."
+                f"bcg: capture of {name} failed in {site.describe()}: {op}; {action} now runs as an eager break "
+                "and the rest is captured."
             )
             continue
-        tracker.remove()
         break
     recorded = time.perf_counter()
     memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
@@ -194,8 +181,8 @@ def _capture(
     phases = dict(graph.capture_seconds)
     phases["record"] = recorded - attempt - phases.get("setup", 0.0) - phases.get("instantiate", 0.0)
     phases["accounting"] = elapsed - (recorded - start)
-    if attempt > start:
-        phases["retries"] = attempt - start
+    if failed_s:
+        phases["retries"] = failed_s
     logger.debug("bcg: captured %s: %r in %.3f s (%s)", key.summary(), graph, elapsed, phases)
     return GraphEntry(
         key, graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
@@ -203,8 +190,37 @@ def _capture(
     )
 
 
-def _is_compiled(module: torch.nn.Module) -> bool:
-    return getattr(module, "_compiled_call_impl", None) is not None or hasattr(module, "_orig_mod")
+MODULE_MODE = "module mode"
+
+
+def _narrow(ctx: CaptureContext, site: failures.FailureSite | None, narrowed: list[str]) -> str | None:
+    """Make the part that failed an eager break; returns its label, :data:`MODULE_MODE` for a
+    failure inline in the transformer's forward, or ``None`` when nothing smaller can run eagerly."""
+    if site is None or len(narrowed) >= ctx.config.max_narrowing:
+        return None
+    eager = ctx.eager_modules
+    root = ctx.transformer
+    captured_path = next((n for n, m in root.named_modules() if m is ctx.module), "")
+    if site.kind == "root" or (site.kind == "module" and site.path == captured_path):
+        return MODULE_MODE if ctx.module is root else None
+    if site.kind == "module":
+        if site.path in eager.names:
+            return None
+        same_class = [p for p in eager.names if not p.endswith("()") and type(root.get_submodule(p)).__name__ == site.owner_class]
+        if same_class:  # a second instance of the class fails too: make the whole class eager
+            paths = [p for p in failures.instances_of(root, site.owner_class) if p not in eager.names]
+            for path in paths:
+                eager.add(path)
+            return f"every {site.owner_class} ({len(paths) + len(same_class)} modules)"
+        eager.add(site.path)
+        return site.path
+    if site.kind == "method":
+        label = f"{site.path + '.' if site.path else ''}{site.name}()"
+        return None if label in eager.names else eager.add_method(site.path, site.name)
+    if site.kind == "function":
+        label = f"{site.module_name}.{site.name}()"
+        return None if label in eager.names else eager.add_function(site.module_name, site.name)
+    return None
 
 
 def describe_failure(exc: BaseException) -> str:

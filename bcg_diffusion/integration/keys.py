@@ -66,12 +66,82 @@ def _show(value: Any) -> str:
     return str(value) if isinstance(value, TensorSpec) else repr(value)
 
 
-def flatten_inputs(args: tuple, kwargs: dict) -> tuple[tuple[tuple[str, Any], ...], list[torch.Tensor]]:
+# CPU tensors up to this many elements among the inputs of a CUDA call are host values (frame
+# indices, grid sizes): their values are part of the key and they are passed as they are.
+HOST_TENSOR_LIMIT = 4096
+_OBJECT_DEPTH = 4
+_OBJECT_ITEMS = 512
+
+
+@dataclass(frozen=True)
+class HostTensor:
+    """A small CPU tensor input of a CUDA call, keyed by its values."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    values: tuple
+
+    def __str__(self) -> str:
+        return f"cpu tensor{list(self.shape)} {str(self.dtype).replace('torch.', '')} {self.values[:8]}"
+
+
+@dataclass(frozen=True)
+class ObjectState:
+    """A plain Python object among the inputs (a KV cache, a config object): its identity and the
+    frozen state of its attributes (tensors by address, version and layout)."""
+
+    type_name: str
+    identity: int
+    state: tuple
+
+    def __str__(self) -> str:
+        return f"{self.type_name} object at {self.identity:#x}"
+
+
+def _is_plain_object(value: Any) -> bool:
+    return (
+        hasattr(value, "__dict__")
+        and not isinstance(value, (type, torch.nn.Module, torch.Tensor))
+        and not callable(value)
+    )
+
+
+def _freeze(value: Any, depth: int) -> Any:
+    if isinstance(value, _HASHABLE_LEAVES):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), value._version, tuple(value.shape), value.stride(), value.dtype, value.device)
+    if depth >= _OBJECT_DEPTH:
+        return ("id", id(value))
+    if isinstance(value, (list, tuple)):
+        if len(value) > _OBJECT_ITEMS:
+            return ("id", id(value), len(value))
+        return (type(value).__name__, tuple(_freeze(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        if len(value) > _OBJECT_ITEMS:
+            return ("id", id(value), len(value))
+        return ("dict", tuple((repr(k), _freeze(v, depth + 1)) for k, v in value.items()))
+    if _is_plain_object(value):
+        return (type(value).__qualname__, id(value), tuple((k, _freeze(v, depth + 1)) for k, v in vars(value).items()))
+    return ("id", id(value))
+
+
+def object_state(value: Any) -> ObjectState:
+    """The :class:`ObjectState` of a plain object input."""
+    return ObjectState(type(value).__qualname__, id(value), _freeze(value, 0)[2])
+
+
+def flatten_inputs(
+    args: tuple, kwargs: dict, device_type: str | None = None
+) -> tuple[tuple[tuple[str, Any], ...], list[torch.Tensor]]:
     """Walk positional and keyword inputs (tuples, lists, dicts, dataclasses nested; see
     :mod:`bcg_diffusion.core.tree`).
 
-    Returns the ordered ``(path, spec-or-value)`` fields and the tensors in walk order. Raises
-    :class:`UncacheableInput` for values that cannot be keyed.
+    Returns the ordered ``(path, spec-or-value)`` fields and the tensors in walk order. With
+    ``device_type`` (the runner passes ``"cuda"``), tensors on other devices are host values: up
+    to :data:`HOST_TENSOR_LIMIT` elements they are keyed by value (:class:`HostTensor`) and left
+    out of the tensors; plain objects are keyed by identity and state (:class:`ObjectState`).
+    Raises :class:`UncacheableInput` for values that cannot be keyed.
     """
     fields: list[tuple[str, Any]] = []
     tensors: list[torch.Tensor] = []
@@ -83,19 +153,34 @@ def flatten_inputs(args: tuple, kwargs: dict) -> tuple[tuple[tuple[str, Any], ..
             elif isinstance(leaf, torch.Tensor):
                 if type(leaf) is not torch.Tensor and not isinstance(leaf, torch.nn.Parameter):
                     raise UncacheableInput(f"{path} is a tensor subclass ({type(leaf).__name__})")
+                if device_type is not None and leaf.device.type != device_type:
+                    if leaf.numel() > HOST_TENSOR_LIMIT:
+                        raise UncacheableInput(
+                            f"{path} is a {leaf.device.type} tensor of {leaf.numel()} elements; pass it on the "
+                            f"{device_type} device (host tensors up to {HOST_TENSOR_LIMIT} elements are keyed by value)"
+                        )
+                    fields.append((path, HostTensor(tuple(leaf.shape), leaf.dtype, tuple(leaf.flatten().tolist()))))
+                    continue
                 fields.append((path, TensorSpec(tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)))
                 tensors.append(leaf)
             elif isinstance(leaf, _HASHABLE_LEAVES):
                 fields.append((path, leaf))
+            elif device_type is not None and _is_plain_object(leaf):
+                fields.append((path, object_state(leaf)))
             else:
                 raise UncacheableInput(f"{path} is a {type(leaf).__name__}, which cannot be part of a graph key")
     return tuple(fields), tensors
 
 
-def rebuild_inputs(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
-    """``args``/``kwargs`` with their tensors replaced, in walk order, by ``tensors``."""
+def rebuild_inputs(args: tuple, kwargs: dict, tensors: list[torch.Tensor], device_type: str | None = None) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with their tensors (those on ``device_type``, if given) replaced, in walk
+    order, by ``tensors``."""
     it = iter(tensors)
-    return tree_map(lambda _: next(it), (args, kwargs))
+
+    def is_replaced(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and (device_type is None or value.device.type == device_type)
+
+    return tree_map(lambda _: next(it), (args, kwargs), is_leaf=is_replaced)
 
 
 def _flag(read: Any) -> Any:

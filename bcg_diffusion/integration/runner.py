@@ -25,8 +25,9 @@ from ..errors import AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
 from ..families import TransformerInfo
 from .hooked_modules import HookedModules
-from .keys import GraphKey, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
+from .keys import GraphKey, HostTensor, ObjectState, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
 from .model_state import ModelState, Structure
+from .module_mode import ChildGraphs
 from .text_buckets import pad_text_to_bucket
 
 logger = logging.getLogger("bcg_diffusion")
@@ -39,6 +40,7 @@ class _Seen:
 
     calls: int = 0
     layouts: list | None = None
+    mutates: str | None = None  # why the key runs eagerly: its calls change their own inputs
 
 
 class GraphRunner:
@@ -93,11 +95,11 @@ class GraphRunner:
     def _call(self, args: tuple, kwargs: dict) -> Any:
         kwargs = pad_text_to_bucket(self.info, self.config.text_buckets, kwargs)
         try:
-            inputs, tensors = flatten_inputs(args, kwargs)
+            inputs, tensors = flatten_inputs(args, kwargs, device_type="cuda")
         except UncacheableInput as exc:
             return self._eager(args, kwargs, f"uncacheable input: {exc}")
-        if not tensors or not all(t.is_cuda for t in tensors):
-            return self._eager(args, kwargs, "inputs are not all on a CUDA device")
+        if not tensors:
+            return self._eager(args, kwargs, "no input tensor is on a CUDA device")
         self._follow_stream()
         keyed = time.perf_counter()
         key = build_key(self.module, self.info, kwargs, inputs, self.state.weights.current())
@@ -105,14 +107,19 @@ class GraphRunner:
         entry = self.entries.get(key)
         if entry is None:
             seen = self._seen.get(key)
+            if seen is not None and seen.mutates:
+                return self._eager(args, kwargs, seen.mutates)
             if seen is None or seen.calls < self.config.warmup_iters:
-                return self._first_call(key, seen, args, kwargs)
+                return self._first_call(key, seen, args, kwargs, inputs)
             entry = self._new_entry(key, args, kwargs, tensors, seen)
             entry.phases["key"] = key_s  # weights fingerprint (when due) and key building
         else:
             self.entries.move_to_end(key)
         if entry.fallback is not None:
             return self._eager(args, kwargs, None)
+        if entry.module_mode:
+            entry.hits += 1
+            return tree_map(torch.Tensor.clone, entry.children.run(self.forward, args, kwargs))
         first = entry.hits == 0
         try:
             replay_start = time.perf_counter()
@@ -186,10 +193,11 @@ class GraphRunner:
         return tree_map(torch.Tensor.clone, entry.outputs)
 
     # -- new keys -------------------------------------------------------------------------
-    def _first_call(self, key: GraphKey, seen: "_Seen | None", args: tuple, kwargs: dict) -> Any:
+    def _first_call(self, key: GraphKey, seen: "_Seen | None", args: tuple, kwargs: dict, inputs: tuple) -> Any:
         """A call of a key not captured yet: it runs eagerly (the real call: its result is returned),
         warming lazy initialisation and compiled code, and records the attention output layouts the
-        capture at the key's next call allocates from."""
+        capture at the key's next call allocates from. A call that changes its own inputs (an input
+        object it writes to, a host tensor) is never captured: its key runs eagerly."""
         if seen is None:
             self.misses += 1
             if self.config.log_misses and (self.entries or self._seen):
@@ -208,6 +216,11 @@ class GraphRunner:
             out = self.forward(*args, **kwargs)
         seen.calls += 1
         seen.layouts = layouts
+        if any(isinstance(v, (ObjectState, HostTensor)) for _, v in inputs):
+            after, _ = flatten_inputs(args, kwargs, device_type="cuda")
+            if after != inputs:
+                changed = GraphKey(after, (), None).difference(GraphKey(inputs, (), None))
+                seen.mutates = f"the call changes its own inputs ({changed}), so it cannot be replayed"
         return out
 
     def _new_entry(self, key: GraphKey, args: tuple, kwargs: dict, tensors: list[torch.Tensor], seen: "_Seen") -> GraphEntry:
@@ -215,7 +228,7 @@ class GraphRunner:
         self._evict(keep=self.config.max_graphs - 1)
         copied = time.perf_counter()
         static = [torch.empty_like(t).copy_(t) for t in tensors]  # same strides where dense; expanded inputs get dense buffers
-        s_args, s_kwargs = rebuild_inputs(args, kwargs, static)
+        s_args, s_kwargs = rebuild_inputs(args, kwargs, static, device_type="cuda")
         if self._stream is None:
             self._stream = torch.cuda.Stream(static[0].device)
         ctx = CaptureContext(
@@ -224,10 +237,33 @@ class GraphRunner:
         static_s = time.perf_counter() - copied
         entry = capture_entry(ctx, key, static, s_args, s_kwargs, seen.layouts)
         entry.phases["static_inputs"] = static_s
+        if entry.module_mode:
+            entry.static_inputs = []  # the forward runs eagerly on the live inputs
+            entry.children = ChildGraphs(
+                self.module, {h.path for h in self._structure.hooked} if self._structure else set(),
+                self._child_capturer(entry), self.config.warmup_iters,
+            )
         self.captures += 1
         self.entries[key] = entry
         self._enforce_budget()
         return entry
+
+    def _child_capturer(self, entry: GraphEntry) -> Callable[..., GraphEntry]:
+        """How module mode captures one child call: into one memory pool per key, with the
+        transformer's eager parts, narrowing inside the child where it fails."""
+        pool = torch.cuda.graph_pool_handle()
+
+        def capture(path: str, chain: Callable, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict, layouts: list | None) -> GraphEntry:
+            ctx = CaptureContext(
+                self.module.get_submodule(path), chain, self.config, self.eager_modules, self._stream, self._warn,
+                lambda: False, root=self.module, pool=pool,  # no eviction mid-call: this key's entry is running
+            )
+            child = capture_entry(ctx, key, static, s_args, s_kwargs, layouts)
+            entry.capture_time_s += child.capture_time_s
+            entry.memory_bytes += child.memory_bytes
+            return child
+
+        return capture
 
     def _warn(self, message: str) -> None:
         warn_once(self._warned, message)
