@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from .core import _cudart
 from .integration import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
 from .errors import AccelerationError
@@ -71,6 +72,15 @@ def _disabled_reason() -> str | None:
     return None
 
 
+def _load_capture_runtime() -> None:
+    """Import cuda-bindings now: its one-time import cost is paid at set-up, not by the first
+    capture, and a missing package is named here."""
+    try:
+        _cudart.cudart()
+    except RuntimeError as exc:
+        raise AccelerationError(str(exc)) from None
+
+
 def _check_module(module: Any) -> torch.nn.Module:
     if not isinstance(module, torch.nn.Module):
         raise TypeError(
@@ -121,6 +131,7 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
             f"{type(module).__name__} is already accelerated; call remove_acceleration() first to change the config"
         )
     info = transformer_info(module, config.allow_unknown)
+    _load_capture_runtime()
     if config.check_weights == "auto":
         config = dataclasses.replace(config, check_weights="every_call")
     runner = GraphRunner(module, config, info)

@@ -135,6 +135,7 @@ def profile_case(case: dict, out_dir: Path, steps: int, log) -> dict:
     eager_steps: list = []
     eager_image, res["eager_image_s"] = run_image(pipe, call, eager_steps)
     res["eager_step_median_s"] = statistics.median(eager_steps[1:])
+    res["eager_first_step_ratio"] = eager_steps[0] / statistics.median(eager_steps)
     bcg_diffusion.accelerate_pipeline(pipe)
     res["entries_before_first_image"] = len(bcg_diffusion.get_stats(pipe).entries) if DEVICE == "cuda" else 0
     first_steps: list = []
@@ -189,12 +190,21 @@ def profile_case(case: dict, out_dir: Path, steps: int, log) -> dict:
     report = bcg_diffusion.warmup(pipe, [shape], output_type="latent", **{k: v for k, v in rest.items() if k != "output_type"})
     res["warmup_s"], res["warmup_captures"] = report.total_s, report.captures
     warm_steps: list = []
+    profiler = cProfile.Profile()
+    profiler.enable()
     warm_image, res["warm_image_s"] = run_image(pipe, call, warm_steps)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+    (out_dir / f"cprofile_warm_{case['family']}.txt").write_text(text.getvalue())
+    res["warm_stats"] = str(bcg_diffusion.get_stats(pipe))
     res["warm_first_step_s"], res["warm_step_median_s"] = warm_steps[0], statistics.median(warm_steps)
     res["warm_first_step_ratio"] = warm_steps[0] / statistics.median(warm_steps)
     res["warm_image_bitwise"] = bool(torch.equal(warm_image, eager_image))
     log(f"  after warmup ({report.total_s:.2f} s, {report.captures} captured): image {res['warm_image_s']:.2f} s, "
-        f"first step {res['warm_first_step_ratio']:.2f}x median; bitwise {res['warm_image_bitwise']}")
+        f"first step {res['warm_first_step_ratio']:.2f}x median (eager's first step "
+        f"{res['eager_first_step_ratio']:.2f}x); bitwise {res['warm_image_bitwise']}; steps ms "
+        f"{[round(t * 1e3, 1) for t in warm_steps[:4]]}")
     bcg_diffusion.remove_acceleration(pipe)
     del pipe, model
     if DEVICE == "cuda":

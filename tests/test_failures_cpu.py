@@ -56,6 +56,11 @@ class Model(torch.nn.Module):
             host_value(x)
         if self.where == "inline":
             raise RuntimeError("inline host read")
+        if self.where == "closure":
+            def planted(x):
+                raise RuntimeError("host sync in a forward set on one instance")
+
+            self.blocks[1].forward = planted
         if self.where == "linear":
             self.out.weight = None  # makes Linear.forward raise inside torch
         for block in self.blocks:
@@ -78,6 +83,7 @@ def _site(where):
         ("child_method", "method", "rope", "coords"),
         ("function", "function", "", "host_value"),
         ("inline", "root", "", ""),
+        ("closure", "module", "blocks.1", ""),
         ("linear", "builtin", "out", ""),
     ],
 )

@@ -47,7 +47,7 @@ class _CaptureState:
         if self.debug:
             return
         segment = torch.cuda.CUDAGraph()
-        segment.capture_begin(pool=self.pool, capture_error_mode=self.mode)
+        _begin_capture(segment, self.pool, self.mode, self.stream)
         self.segment = segment
         if self._to_refork:
             self.tracker.refork(self._to_refork)
@@ -204,17 +204,36 @@ def _end_failed_capture(segment: torch.cuda.CUDAGraph, stream: Any, pool: Any) -
     except Exception as exc:
         logger.debug("capture_end after a failed capture raised: %s", exc)
     # torch did not get to stop routing allocations to the pool; do it, and end the capture.
-    end_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)
-    if end_pool is not None:
-        try:
-            end_pool(stream.device.index, pool)
-        except Exception as exc:
-            logger.debug("endAllocateToPool: %s", exc)
+    _stop_allocating_to(pool, stream)
     try:
         _cudart.abandon_capture(stream)
     finally:
         _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
     _reset_generator_capture_state(stream.device)
+
+
+def _stop_allocating_to(pool: Any, stream: Any) -> None:
+    end_pool = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end_pool is not None and pool is not None:
+        try:
+            end_pool(stream.device.index, pool)
+        except Exception as exc:  # noqa: BLE001 - not recording to it: nothing to stop
+            logger.debug("endAllocateToPool: %s", exc)
+
+
+def _begin_capture(graph: torch.cuda.CUDAGraph, pool: Any, mode: str, stream: Any) -> None:
+    """``graph.capture_begin`` that, when it fails (the pool is still recorded to, ...), leaves no
+    capture open and the generators not believing they capture."""
+    try:
+        graph.capture_begin(pool=pool, capture_error_mode=mode)
+    except BaseException:
+        _stop_allocating_to(pool, stream)
+        try:
+            _cudart.abandon_capture(stream)
+        finally:
+            _cudart.cudart().cudaGetLastError()
+        _reset_generator_capture_state(stream.device)
+        raise
 
 
 def _reset_generator_capture_state(device: torch.device) -> None:
@@ -266,7 +285,7 @@ def _own_blas_workspace(pool: Any, stream: Any, mode: str) -> torch.cuda.CUDAGra
     x = torch.ones(8, 8, device=torch.cuda.current_device())
     clear_blas_workspaces()
     tiny = torch.cuda.CUDAGraph()
-    tiny.capture_begin(pool=pool, capture_error_mode=mode)
+    _begin_capture(tiny, pool, mode, stream)
     try:
         _blas_calls(x)
     except BaseException:

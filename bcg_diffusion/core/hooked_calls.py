@@ -65,8 +65,8 @@ class CapturedBody:
 
     Calling it runs ``fn`` eagerly, except while the chain of a :class:`HookedCallStep` whose
     body it is runs at replay: then the step's sub-graph replays (see the module docstring).
-    ``calls`` counts replayed hooked calls of this body and ``computed`` the calls in which the
-    hooks ran the body (replayed or eagerly); the difference is what a cache reused.
+    ``calls`` counts hooked calls of this body (replayed or eager) and ``computed`` the calls in
+    which the hooks ran the body; the difference is what a cache reused.
     """
 
     def __init__(self, fn: Callable, name: str) -> None:
@@ -75,10 +75,13 @@ class CapturedBody:
         self.calls = 0
         self.computed = 0
         self._warned = False
+        self._eager_call = False  # inside an eager (not replayed) hooked call of this body
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         step = _ACTIVE.get()
         if step is None or step.body is not self:
+            if self._eager_call:  # an eager hooked call (no replay): counted as computed too
+                self.computed += 1
             return self.fn(*args, **kwargs)
         self.computed += 1
         if step.sub is None or not step.replay_body or argument_signature(args, kwargs) != step.signature:
@@ -151,7 +154,13 @@ def hooked_call(
         return body.fn(*args, **kwargs)
     state = ACTIVE_CAPTURE.get()
     if state is None:
-        return chain(*args, **kwargs)
+        # an eager call (a key's first call, a fallback, module mode's eager forward): its passes count too
+        body.calls += 1
+        outer, body._eager_call = body._eager_call, True
+        try:
+            return chain(*args, **kwargs)
+        finally:
+            body._eager_call = outer
     return state.run_hooked(
         chain, body, args, kwargs, fresh_outputs=fresh_outputs, retain_args=retain_args, replay_body=replay_body
     )

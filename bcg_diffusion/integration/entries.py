@@ -130,16 +130,19 @@ def _capture(
     narrowed: list[str] = []
     retried = False
     failed_s = 0.0
+    pool = ctx.pool
     while True:
         graph = BreakableCUDAGraph()
         attempt = time.perf_counter()
         try:
             with attention_layouts.using_layouts(layouts), BreakableCUDAGraphCapture(
-                graph, pool=ctx.pool, stream=stream, capture_error_mode="thread_local"
+                graph, pool=pool, stream=stream, capture_error_mode="thread_local"
             ):
                 outputs = ctx.forward(*s_args, **s_kwargs)
         except Exception as exc:
             failed_s += time.perf_counter() - attempt
+            if pool is not None:  # a failed capture's pool is not reused: retries get a fresh one
+                pool = torch.cuda.graph_pool_handle()
             op = describe_failure(exc)
             if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
                 continue

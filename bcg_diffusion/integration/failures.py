@@ -32,6 +32,7 @@ _LIBRARY_PARTS = (
     f"{os.sep}diffusers{os.sep}hooks{os.sep}",
 )
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
+_CALL_FRAMES = ("_call_impl", "_wrapped_call_impl")
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,13 @@ def locate(exc: BaseException, root: torch.nn.Module) -> FailureSite | None:
             # weights whose kernels sync, ...), so no smaller eager part helps.
             return FailureSite("builtin", path=paths.get(id(owner), ""), owner_class=type(owner).__name__)
         if not _is_model_frame(frame):
+            if isinstance(owner, torch.nn.Module) and id(owner) in paths and frame.f_code.co_name in _CALL_FRAMES:
+                # torch's call of a module of the model, reached before any method of it: the code
+                # that failed (a closure set as its forward, a hook) belongs to that module's call
+                path = paths[id(owner)]
+                if not _is_compiled(owner):
+                    kind = "root" if path == "" else "module"
+                    return FailureSite(kind, path=path, owner_class=type(owner).__name__)
             continue
         code = frame.f_code
         owner = frame.f_locals.get("self")

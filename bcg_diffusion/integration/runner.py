@@ -251,14 +251,16 @@ class GraphRunner:
     def _child_capturer(self, entry: GraphEntry) -> Callable[..., GraphEntry]:
         """How module mode captures one child call: into one memory pool per key, with the
         transformer's eager parts, narrowing inside the child where it fails."""
-        pool = torch.cuda.graph_pool_handle()
+        pools = [torch.cuda.graph_pool_handle()]
 
         def capture(path: str, chain: Callable, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict, layouts: list | None) -> GraphEntry:
             ctx = CaptureContext(
                 self.module.get_submodule(path), chain, self.config, self.eager_modules, self._stream, self._warn,
-                lambda: False, root=self.module, pool=pool,  # no eviction mid-call: this key's entry is running
+                lambda: False, root=self.module, pool=pools[-1],  # no eviction mid-call: this key's entry is running
             )
             child = capture_entry(ctx, key, static, s_args, s_kwargs, layouts)
+            if "retries" in child.phases or child.fallback is not None:
+                pools.append(torch.cuda.graph_pool_handle())  # later children do not share a failed capture's pool
             entry.capture_time_s += child.capture_time_s
             entry.memory_bytes += child.memory_bytes
             return child
