@@ -1,0 +1,192 @@
+"""What a load run measured: per-server summaries, the cross-check of two servers, the printed table."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from .load_run import ServerRun
+
+__all__ = ["cross_check", "format_report", "latency_ratios", "percentile", "summarize"]
+
+MIB = 2**20
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100), linear between closest ranks; ``None`` for no values."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def _latencies(values: list[float]) -> dict[str, float | None]:
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99),
+            "mean": statistics.fmean(values) if values else None, "max": max(values) if values else None}
+
+
+def _allocated(stats: dict[str, Any]) -> int | None:
+    memory = stats.get("gpu_memory") or {}
+    return memory.get("allocated_bytes")
+
+
+def _memory(run: ServerRun, tolerance: float) -> dict[str, Any]:
+    start, end = run.stats_start.get("gpu_memory"), run.stats_end.get("gpu_memory")
+    if not start or not end:
+        return {"start": None, "end": None, "max_polled_allocated_bytes": None, "change_pct": None,
+                "within_tolerance": None, "tolerance_pct": 100 * tolerance}
+    polled = [p["gpu_memory"]["allocated_bytes"] for p in run.polls if p.get("gpu_memory")]
+    a0, a1 = start["allocated_bytes"], end["allocated_bytes"]
+    change = 100.0 * (a1 - a0) / a0 if a0 else None
+    return {"start": start, "end": end, "max_polled_allocated_bytes": max(polled + [a0, a1]),
+            "change_pct": change, "tolerance_pct": 100 * tolerance,
+            "within_tolerance": None if change is None else abs(change) <= 100 * tolerance}
+
+
+def _captures(stats: dict[str, Any]) -> int | None:
+    bcg = stats.get("bcg")
+    return None if bcg is None else bcg.get("captures")
+
+
+def _consistency(run: ServerRun) -> dict[str, Any]:
+    """Equal requests must have got bitwise equal images (the same PNG payloads)."""
+    by_identity: dict[str, set] = defaultdict(set)
+    counts: Counter = Counter()
+    for o in run.outcomes:
+        if o.ok:
+            by_identity[o.identity].add(o.payload_hashes)
+            counts[o.identity] += 1
+    repeated = [i for i, c in counts.items() if c > 1]
+    inconsistent = [i for i in repeated if len(by_identity[i]) > 1]
+    return {"repeated_identities": len(repeated), "repeated_requests": sum(counts[i] for i in repeated),
+            "inconsistent_identities": inconsistent}
+
+
+def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
+    """One server's numbers: counts, errors by status, latency percentiles (answered requests), throughput,
+    GPU memory at start and end, graphs captured during the load, equal-request consistency, per size."""
+    ok = [o for o in run.outcomes if o.ok]
+    errors = Counter(str(o.status) if o.status else "no answer" for o in run.outcomes if not o.ok)
+    server = run.stats_start.get("server", {})
+    warmed = set((server.get("warmup") or {}).get("sizes") or [])
+    per_size: dict[str, dict[str, Any]] = {}
+    for size in sorted({o.size for o in run.outcomes}):
+        lat = [o.latency_s for o in ok if o.size == size]
+        per_size[size] = {"requests": sum(o.size == size for o in run.outcomes), "ok": len(lat),
+                          "p50": percentile(lat, 50), "p99": percentile(lat, 99), "warmed": size in warmed}
+    c0, c1 = _captures(run.stats_start), _captures(run.stats_end)
+    images = sum(len(o.payload_hashes) for o in ok)
+    return {
+        "label": run.label, "url": run.url,
+        "server": {k: server.get(k) for k in ("model", "family", "size", "pipeline", "device", "dtype", "bcg",
+                                               "compile", "resolution_binning", "warmup", "default_steps")},
+        "requests": len(run.outcomes), "ok": len(ok), "errors": dict(sorted(errors.items())),
+        "error_examples": [f"#{o.index} {o.status}: {o.error}" for o in run.outcomes if not o.ok][:3],
+        "timed_out": run.timed_out, "wall_s": run.wall_s,
+        "latency_s": _latencies([o.latency_s for o in ok]),
+        "pipeline_s": _latencies([o.pipeline_s for o in ok if o.pipeline_s is not None]),
+        "queue_s": _latencies([o.queue_s for o in ok if o.queue_s is not None]),
+        "throughput_rps": len(ok) / run.wall_s if run.wall_s > 0 else None,
+        "images_per_s": images / run.wall_s if run.wall_s > 0 else None,
+        "gpu_memory": _memory(run, memory_tolerance),
+        "captures_during_load": None if c0 is None or c1 is None else c1 - c0,
+        "consistency": _consistency(run),
+        "per_size": per_size,
+    }
+
+
+def cross_check(a: ServerRun, b: ServerRun) -> dict[str, Any]:
+    """Request by request (same mix index), were both servers' decoded pixels bitwise equal?"""
+    outcomes_b = {o.index: o for o in b.outcomes}
+    compared, mismatched, not_compared = 0, [], []
+    for oa in a.outcomes:
+        ob = outcomes_b.get(oa.index)
+        if ob is None or not (oa.ok and ob.ok):
+            not_compared.append(oa.index)
+            continue
+        compared += 1
+        if oa.pixel_hashes != ob.pixel_hashes:
+            mismatched.append(oa.index)
+    return {"compared": compared, "equal": compared - len(mismatched), "mismatched": mismatched,
+            "not_compared": not_compared}
+
+
+def latency_ratios(a: dict[str, Any], b: dict[str, Any], max_ratio: float | None) -> dict[str, Any]:
+    """``b / a`` of p50 and p99 latency; with ``max_ratio``, whether both are at most that."""
+    ratios = {}
+    for q in ("p50", "p99"):
+        la, lb = a["latency_s"][q], b["latency_s"][q]
+        ratios[q] = lb / la if la and lb is not None else None
+    passed = None
+    if max_ratio is not None:
+        passed = all(r is not None and r <= max_ratio for r in ratios.values())
+    return {"ratios": ratios, "max_ratio": max_ratio, "passed": passed}
+
+
+def _fmt(value, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    lat, mem = s["latency_s"], s["gpu_memory"]
+    errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"
+    cons = s["consistency"]
+    consistent = ("yes" if not cons["inconsistent_identities"] else f"NO ({len(cons['inconsistent_identities'])})")
+    mib = (lambda m, key: None if m is None else m[key] / MIB)
+    return [
+        ("ok / requests", f"{s['ok']}/{s['requests']}" + (" (time limit)" if s["timed_out"] else "")),
+        ("errors", errors),
+        ("latency p50 s", _fmt(lat["p50"])), ("latency p95 s", _fmt(lat["p95"])),
+        ("latency p99 s", _fmt(lat["p99"])), ("latency max s", _fmt(lat["max"])),
+        ("pipeline p50 s", _fmt(s["pipeline_s"]["p50"])), ("queue p50 s", _fmt(s["queue_s"]["p50"])),
+        ("throughput req/s", _fmt(s["throughput_rps"])), ("images/s", _fmt(s["images_per_s"])),
+        ("wall s", _fmt(s["wall_s"], ".1f")),
+        ("GPU allocated start MiB", _fmt(mib(mem["start"], "allocated_bytes"), ".0f")),
+        ("GPU allocated end MiB", _fmt(mib(mem["end"], "allocated_bytes"), ".0f")),
+        ("GPU reserved end MiB", _fmt(mib(mem["end"], "reserved_bytes"), ".0f")),
+        ("GPU allocated change", _fmt(mem["change_pct"], "+.1f", " %")
+         + ("" if mem["within_tolerance"] is None else (" (ok)" if mem["within_tolerance"] else " (OVER)"))),
+        ("captures during load", _fmt(s["captures_during_load"], "d")),
+        ("equal requests equal", f"{consistent} ({cons['repeated_identities']} repeated)"),
+    ]
+
+
+def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None = None,
+                  ratios: dict[str, Any] | None = None, header: str = "") -> str:
+    """The summaries side by side (a ratio column for two servers), per-size p50, the cross-check."""
+    labels = [s["label"] for s in summaries]
+    rows = [_rows(s) for s in summaries]
+    width = max(16, *(len(lbl) for lbl in labels))
+    lines = [header] if header else []
+    title = f"{'':<26}" + "".join(f"{lbl:>{width + 2}}" for lbl in labels)
+    if len(summaries) == 2:
+        title += f"{labels[1] + '/' + labels[0]:>{width + 2}}"
+    lines.append(title)
+    for i, (name, _) in enumerate(rows[0]):
+        line = f"{name:<26}" + "".join(f"{r[i][1]:>{width + 2}}" for r in rows)
+        if len(summaries) == 2 and name in ("latency p50 s", "latency p99 s") and ratios:
+            ratio = ratios["ratios"]["p50" if "p50" in name else "p99"]
+            line += f"{_fmt(ratio, '.2f', 'x'):>{width + 2}}"
+        lines.append(line)
+    sizes = sorted({size for s in summaries for size in s["per_size"]})
+    for size in sizes:
+        warmed = any(s["per_size"].get(size, {}).get("warmed") for s in summaries)
+        name = f"p50 s at {size}" + (" (warmed)" if warmed else "")
+        cells = [_fmt(s["per_size"].get(size, {}).get("p50")) for s in summaries]
+        lines.append(f"{name:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    for s in summaries:
+        for example in s["error_examples"]:
+            lines.append(f"  {s['label']} error {example}")
+    if cross is not None:
+        verdict = "bitwise equal" if not cross["mismatched"] and not cross["not_compared"] else "NOT all equal"
+        lines.append(f"cross-check ({labels[0]} vs {labels[1]}, decoded pixels per request): {cross['equal']} of "
+                     f"{cross['compared']} compared equal, {len(cross['mismatched'])} mismatched, "
+                     f"{len(cross['not_compared'])} not compared (failed on a server): {verdict}")
+    if ratios is not None and ratios["max_ratio"] is not None:
+        lines.append(f"latency target {labels[1]}/{labels[0]} <= {ratios['max_ratio']:.2f} at p50 and p99: "
+                     f"{'PASS' if ratios['passed'] else 'FAIL'}")
+    return "\n".join(lines)

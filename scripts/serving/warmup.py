@@ -1,0 +1,103 @@
+"""Start-up warm-up: run the sizes of ``--warmup`` once before the server listens.
+
+Where the library has ``bcg_diffusion.warmup(pipe, shapes, **call)`` it is used: ``shapes`` are
+``dict(height=H, width=W)`` and ``call`` the settings of a default request (prompt, guidance,
+``num_images_per_prompt=1``, ``use_resolution_binning`` where set, ...). Otherwise the server makes
+one 2-step call per size itself, with the same settings and a generator of its own (the documented
+equivalent): each call compiles (``--compile``) and captures (``--bcg``) what that size needs.
+Both run in the grad mode of the server's calls, on the worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import bcg_diffusion
+
+from .requests import RequestPlanner
+from .worker import ImageGenerator, request_grad_mode
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WARMUP_STEPS", "ServerWarmupReport", "WarmupShape", "run_warmup", "warmup_call"]
+
+WARMUP_STEPS = 2
+#: Keys of a request's call that the warm-up sets per shape (or leaves to the warm-up's default).
+PER_SHAPE_KEYS = ("height", "width", "num_inference_steps")
+
+
+@dataclass(frozen=True)
+class WarmupShape:
+    """One warmed size: how long its call took and how many graphs it captured."""
+
+    width: int
+    height: int
+    seconds: float
+    captures: int
+
+
+@dataclass
+class ServerWarmupReport:
+    """The report of the server's own warm-up (when ``bcg_diffusion.warmup`` does not exist); the same
+    ``total_s`` and ``captures`` as the library's report, and a table as ``str()``."""
+
+    shapes: list[WarmupShape] = field(default_factory=list)
+    steps: int = WARMUP_STEPS
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.seconds for s in self.shapes)
+
+    @property
+    def captures(self) -> int:
+        return sum(s.captures for s in self.shapes)
+
+    def __str__(self) -> str:
+        lines = [f"warm-up: one {self.steps}-step call per size (the server's own; bcg_diffusion.warmup "
+                 "is not available)", f"  {'size':<12} {'seconds':>8} {'captures':>9}"]
+        lines += [f"  {f'{s.width}x{s.height}':<12} {s.seconds:>8.2f} {s.captures:>9}" for s in self.shapes]
+        lines.append(f"  {'total':<12} {self.total_s:>8.2f} {self.captures:>9}")
+        return "\n".join(lines)
+
+
+def warmup_call(planner: RequestPlanner, width: int, height: int) -> dict[str, Any]:
+    """The call settings of a default request at this size, without the per-shape keys."""
+    call = planner.default_job(width, height).call
+    return {k: v for k, v in call.items() if k not in PER_SHAPE_KEYS}
+
+
+def _captures(pipe) -> int:
+    stats = bcg_diffusion.get_stats(pipe)
+    return 0 if stats is None else stats.captures
+
+
+def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]]):
+    """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``);
+    returns the library's report or a :class:`ServerWarmupReport`. Call it on the worker thread."""
+    for width, height in sizes:
+        planner.default_job(width, height)  # the same checks as a request of that size
+    pipe = generator.pipe
+    call = warmup_call(planner, *sizes[0])
+    library_warmup = getattr(bcg_diffusion, "warmup", None)
+    try:
+        with request_grad_mode():
+            if library_warmup is not None:
+                return library_warmup(pipe, [dict(height=h, width=w) for w, h in sizes], **call)
+            report = ServerWarmupReport()
+            for width, height in sizes:
+                before = _captures(pipe)
+                start = time.perf_counter()
+                pipe(**call, height=height, width=width, num_inference_steps=WARMUP_STEPS,
+                     generator=generator.generator(0))
+                if generator.device.type == "cuda":
+                    torch.cuda.synchronize(generator.device)
+                report.shapes.append(WarmupShape(width, height, time.perf_counter() - start, _captures(pipe) - before))
+                logger.info("warmed %dx%d in %.2f s", width, height, report.shapes[-1].seconds)
+            return report
+    finally:
+        generator.refresh_stats()

@@ -1,0 +1,430 @@
+"""CPU tests of scripts/serve.py and scripts/load.py: a real server on 127.0.0.1 with the tiny Flux pipeline.
+
+One server subprocess (``--port 0``) serves the whole module and is stopped at teardown; every request has a
+timeout. The server is started with ``--inject`` rules, so that prompts ``__fail__``, ``__oom__`` and
+``__slow__`` raise, raise an out-of-memory error, or sleep 2 s inside the pipeline.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
+httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import bcg_diffusion  # noqa: E402
+import pipelines  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+from serving.granularity import derive_granularity  # noqa: E402
+from serving.images import PNG_MAGIC  # noqa: E402
+from serving.requests import RequestLimits, RequestPlanner  # noqa: E402
+from serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
+from serving.warmup import ServerWarmupReport, run_warmup  # noqa: E402
+from serving.worker import ImageGenerator, ServerCounters  # noqa: E402
+
+START_TIMEOUT_S = 90
+REQUEST_TIMEOUT_S = 60
+MAX_PIXELS = 128 * 128
+SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --bcg --max-steps 8 --max-n 2 "
+               f"--max-pixels {MAX_PIXELS} --inject error:__fail__ --inject oom:__oom__ --inject slow:__slow__")
+REQUEST = {"prompt": "a red fox in the snow", "size": "64x64", "seed": 7}
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bcg_script_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The URL of a running server (tiny Flux, 2 steps, warmed at 64x64); stopped after the module."""
+    spawned = start_server(SERVER_ARGS, tmp_path_factory.mktemp("serve") / "server.log")
+    try:
+        wait_ready([spawned], START_TIMEOUT_S)
+        yield spawned.url
+    finally:
+        stop_server(spawned)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
+        yield client
+
+
+def post(http, body) -> httpx.Response:
+    if isinstance(body, (bytes, str)):
+        return http.post("/v1/images/generations", content=body, headers={"content-type": "application/json"})
+    return http.post("/v1/images/generations", json=body)
+
+
+def payloads(response: httpx.Response) -> list[str]:
+    assert response.status_code == 200, response.text
+    return [item["b64_json"] for item in response.json()["data"]]
+
+
+def png(payload: str) -> Image.Image:
+    data = base64.b64decode(payload)
+    assert data.startswith(PNG_MAGIC)
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+def counters(http) -> dict:
+    return http.get("/stats").json()["counters"]
+
+
+@pytest.fixture(scope="module")
+def reference(http) -> str:
+    """The payload of REQUEST, asked before any other test's request."""
+    (payload,) = payloads(post(http, REQUEST))
+    return payload
+
+
+# -------------------------------------------------------------------------------------------------------
+# valid requests
+# -------------------------------------------------------------------------------------------------------
+def test_valid_request_returns_a_png(http, reference):
+    image = png(reference)
+    assert image.size == (64, 64) and image.mode == "RGB"
+    response = post(http, {"prompt": "a lighthouse", "size": "80x64", "n": 2, "response_format": "b64_json"})
+    body = response.json()
+    assert isinstance(body["created"], int) and abs(body["created"] - time.time()) < 600
+    images = [png(p) for p in payloads(response)]
+    assert [im.size for im in images] == [(80, 64), (80, 64)]  # "WxH": width first
+    assert images[0].tobytes() != images[1].tobytes()  # two images of one call, different noise
+    assert float(response.headers["x-pipeline-seconds"]) > 0
+
+
+def _openai_http_client(openai):
+    """The client's own HTTP client class (httpx2 in openai 3, httpx before), ignoring proxy settings."""
+    maker = getattr(openai, "DefaultHttpx2Client", None) or openai.DefaultHttpxClient
+    return maker(trust_env=False)
+
+
+def test_openai_client_gets_the_same_image(server, reference):
+    openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=REQUEST_TIMEOUT_S,
+                           http_client=_openai_http_client(openai))
+    result = client.images.generate(prompt=REQUEST["prompt"], size="64x64", response_format="b64_json", n=1,
+                                    extra_body={"seed": REQUEST["seed"]})
+    assert len(result.data) == 1
+    assert result.data[0].b64_json == reference
+
+
+def test_stats_and_health(http, reference):
+    stats = http.get("/stats").json()
+    server = stats["server"]
+    assert (server["family"], server["granularity"], server["max_pixels"]) == ("flux", 16, MAX_PIXELS)
+    assert server["warmup"]["sizes"] == ["64x64"] and server["warmup"]["total_s"] > 0
+    assert stats["counters"]["ok"] >= 1 and stats["counters"]["pipeline_calls"] >= 1
+    assert stats["bcg"] is None and stats["gpu_memory"] is None  # no CUDA here: BCG inactive
+    assert http.get("/health").json()["status"] == "ok"
+
+
+# -------------------------------------------------------------------------------------------------------
+# bad requests: 400 with a message, no pipeline call, no later image changed
+# -------------------------------------------------------------------------------------------------------
+BAD_REQUESTS = [
+    ({"size": "64x64"}, "'prompt' is required", "prompt"),
+    ({"prompt": "   "}, "must not be empty", "prompt"),
+    ({"prompt": 5}, "valid string", "prompt"),
+    ({"prompt": "a", "n": "2"}, "valid integer", "n"),
+    ({"prompt": "a", "num_inference_steps": 2.5}, "valid integer", "num_inference_steps"),
+    ({"prompt": "a", "guidance_scale": True}, "valid number", "guidance_scale"),
+    ({"prompt": "a", "num_inference_step": 4}, "unknown field 'num_inference_step'", "num_inference_step"),
+    (b"prompt=a fox", "not valid JSON", None),
+    (b'{"prompt": "a", "guidance_scale": NaN}', "not valid JSON", None),
+    (b'["a fox"]', "must be a JSON object", None),
+    (b"", "body is empty", None),
+    ({"prompt": "a", "size": "64by64"}, "WIDTHxHEIGHT", "size"),
+    ({"prompt": "a", "size": "72x64"}, "multiples of 16", "size"),
+    ({"prompt": "a", "size": "0x64"}, "multiples of 16", "size"),
+    ({"prompt": "a", "size": "256x256"}, "--max-pixels", "size"),
+    ({"prompt": "a", "num_inference_steps": 0}, "out of range: 1 .. 8", "num_inference_steps"),
+    ({"prompt": "a", "num_inference_steps": -3}, "out of range", "num_inference_steps"),
+    ({"prompt": "a", "num_inference_steps": 9}, "out of range: 1 .. 8", "num_inference_steps"),
+    ({"prompt": "a", "n": 0}, "out of range: 1 .. 2", "n"),
+    ({"prompt": "a", "n": 3}, "out of range: 1 .. 2", "n"),
+    ({"prompt": "a", "seed": -1}, "seed", "seed"),
+    ({"prompt": "a", "seed": 2**64}, "seed", "seed"),
+    ({"prompt": "a", "response_format": "url"}, "'url' is not supported", "response_format"),
+    ({"prompt": "a", "output_format": "jpeg"}, "not supported", "output_format"),
+]
+
+
+def test_bad_requests_get_400_and_reach_no_pipeline(http, reference):
+    before = counters(http)
+    for body, needle, param in BAD_REQUESTS:
+        response = post(http, body)
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert needle in error["message"], (body, error["message"])
+        assert error["param"] == param, (body, error)
+    after = counters(http)
+    assert after["pipeline_calls"] == before["pipeline_calls"]
+    assert after["errors"].get("400", 0) - before["errors"].get("400", 0) == len(BAD_REQUESTS)
+    assert after["requests"] - before["requests"] == len(BAD_REQUESTS)
+    assert payloads(post(http, REQUEST)) == [reference]
+
+
+def test_wrong_method_and_path_answer_in_the_error_format(http):
+    assert http.get("/v1/images/generations").status_code == 405
+    response = http.get("/no/such/path")
+    assert response.status_code == 404 and "message" in response.json()["error"]
+
+
+# -------------------------------------------------------------------------------------------------------
+# failures inside the pipeline
+# -------------------------------------------------------------------------------------------------------
+def test_pipeline_failures_get_5xx_and_the_next_request_is_unchanged(http, reference):
+    before = counters(http)
+    failed = post(http, {**REQUEST, "prompt": "__fail__"})
+    assert failed.status_code == 500
+    assert failed.json()["error"]["type"] == "server_error"
+    assert "InjectedFailure" in failed.json()["error"]["message"]
+    oom = post(http, {**REQUEST, "prompt": "__oom__"})
+    assert oom.status_code == 503
+    assert oom.json()["error"]["type"] == "out_of_memory" and "out of memory" in oom.json()["error"]["message"]
+    assert payloads(post(http, REQUEST)) == [reference]
+    after = counters(http)
+    assert after["pipeline_failures"] - before["pipeline_failures"] == 2
+    assert after["errors"].get("500", 0) - before["errors"].get("500", 0) == 1
+    assert after["errors"].get("503", 0) - before["errors"].get("503", 0) == 1
+    assert http.get("/health").json()["status"] == "ok"
+
+
+# -------------------------------------------------------------------------------------------------------
+# concurrency and responsiveness
+# -------------------------------------------------------------------------------------------------------
+def test_concurrent_requests_are_all_answered_and_equal_requests_equal(server, reference):
+    other = {"prompt": "a bowl of ramen", "size": "64x80", "seed": 3}
+    bodies = [REQUEST, other, REQUEST, other, REQUEST, other]
+
+    def send(body):
+        with httpx.Client(base_url=server, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
+            return post(client, body)
+
+    with ThreadPoolExecutor(3) as pool:
+        responses = list(pool.map(send, bodies))
+    results = [payloads(r) for r in responses]
+    assert results[0] == results[2] == results[4] == [reference]
+    assert results[1] == results[3] == results[5] != [reference]
+
+
+def test_health_and_stats_answer_while_a_slow_call_runs(http, server):
+    slow: dict = {}
+
+    def send_slow():
+        with httpx.Client(base_url=server, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
+            slow["response"] = post(client, {**REQUEST, "prompt": "__slow__"})
+
+    thread = threading.Thread(target=send_slow)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while counters(http)["running"] != 1:
+            assert time.monotonic() < deadline, "the slow call never started"
+            time.sleep(0.05)
+        start = time.perf_counter()
+        health = http.get("/health")
+        elapsed = time.perf_counter() - start
+        assert health.status_code == 200 and health.json()["busy"] is True
+        assert elapsed < 1.0, f"/health took {elapsed:.2f} s while a call ran"
+        assert counters(http)["running"] == 1  # still inside the 2 s call
+    finally:
+        thread.join(REQUEST_TIMEOUT_S)
+    assert slow["response"].status_code == 200
+
+
+# -------------------------------------------------------------------------------------------------------
+# the load test
+# -------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def load():
+    return _load_script("load")
+
+
+def test_load_compare_reports_and_cross_checks(load, server, tmp_path, capsys):
+    out = tmp_path / "load.json"
+    code = load.main(["--compare", server, server, "--labels", "a,b", "--requests", "4", "--concurrency", "2",
+                      "--sizes", "64x64,64x80", "--prompts", "a fox", "--seeds", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    result = json.loads(out.read_text())
+    assert result["passed"] is True
+    a, b = result["servers"]
+    assert (a["requests"], a["ok"], b["ok"]) == (4, 4, 4)
+    assert a["latency_s"]["p50"] > 0 and a["latency_s"]["p99"] >= a["latency_s"]["p50"]
+    assert a["consistency"]["repeated_identities"] >= 1 and not a["consistency"]["inconsistent_identities"]
+    assert a["per_size"]["64x64"]["warmed"] is True and a["per_size"]["64x80"]["warmed"] is False
+    assert result["cross_check"]["equal"] == result["cross_check"]["compared"] == 4
+    assert "cross-check" in text and "latency p99 s" in text and "result: PASS" in text
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8000", "http://localhost:8000", "https://127.0.0.1:8000",
+                                 "http://127.0.0.1"])
+def test_load_refuses_servers_not_on_127_0_0_1(load, url, capsys):
+    assert load.main(["--url", url, "--requests", "1"]) == 2
+    assert "127.0.0.1" in capsys.readouterr().err
+
+
+def test_load_spawns_a_server_and_stops_it(load, tmp_path, capsys):
+    code = load.main(["--spawn", "--model flux --device cpu --steps 2 --warmup 64x64", "--requests", "2", "--concurrency", "1",
+                      "--sizes", "64x64", "--spawn-timeout", str(START_TIMEOUT_S), "--spawn-log-dir", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    log = (tmp_path / "server0.log").read_text()
+    url = next(line.split()[-1] for line in log.splitlines() if line.startswith("listening on "))
+    with pytest.raises(httpx.TransportError):  # stopped: nothing listens there any more
+        httpx.get(f"{url}/health", timeout=5, trust_env=False)
+
+
+def test_load_spawn_refuses_host_and_port(load, capsys):
+    assert load.main(["--spawn", "--model flux --port 9000", "--requests", "1"]) == 2
+    assert "leave --host and --port out" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------------------------
+# in-process: granularity, the pipeline call, warm-up, start-up errors
+# -------------------------------------------------------------------------------------------------------
+def test_granularity_from_the_pipeline_matches_every_family():
+    for name in pipelines.list_families():
+        pipe = pipelines.build_pipeline(name, size="tiny", device="cpu")
+        assert derive_granularity(pipe) == pipelines.get_family(name).spatial_multiple, name
+
+
+@pytest.fixture(scope="module")
+def tiny_pipes():
+    """Tiny pipelines built once for the in-process tests (on the CPU)."""
+    return {family: pipelines.build_pipeline(family, size="tiny", device="cpu") for family in ("flux", "pixart")}
+
+
+def _planner(pipes, family: str, binning: bool = True) -> RequestPlanner:
+    spec = pipelines.get_family(family)
+    limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=4)
+    return RequestPlanner(pipes[family], spec, "tiny", limits, 64, 64, 2, resolution_binning=binning)
+
+
+def test_no_resolution_binning_reaches_the_pixart_call(tiny_pipes):
+    assert _planner(tiny_pipes, "pixart", binning=False).default_job(64, 80).call["use_resolution_binning"] is False
+    assert "use_resolution_binning" not in _planner(tiny_pipes, "pixart", binning=True).default_job(64, 80).call
+    call = _planner(tiny_pipes, "flux", binning=False).default_job(64, 80).call
+    assert "use_resolution_binning" not in call and (call["height"], call["width"]) == (80, 64)
+
+
+def _generator(planner):
+    return ImageGenerator(planner.pipe, torch.device("cpu"), ServerCounters())
+
+
+def test_warmup_calls_the_library_with_the_request_settings(monkeypatch, tiny_pipes):
+    planner = _planner(tiny_pipes, "flux")
+    seen = []
+    monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: seen.append((pipe, shapes, call))
+                        or ServerWarmupReport(), raising=False)
+    run_warmup(_generator(planner), planner, [(64, 64), (80, 64)])
+    ((pipe, shapes, call),) = seen
+    assert pipe is planner.pipe and shapes == [dict(height=64, width=64), dict(height=64, width=80)]
+    assert call["num_images_per_prompt"] == 1 and call["guidance_scale"] == 3.5 and call["prompt"]
+    assert not {"height", "width", "num_inference_steps", "generator"} & set(call)
+
+
+def test_warmup_without_the_library_makes_one_2_step_call_per_size(monkeypatch, tiny_pipes):
+    planner = _planner(tiny_pipes, "flux")
+    monkeypatch.delattr(bcg_diffusion, "warmup", raising=False)
+    steps = []
+    original = type(planner.pipe).__call__
+    monkeypatch.setattr(type(planner.pipe), "__call__", lambda self, *a, **kw: steps.append(
+        (kw["num_inference_steps"], kw["height"], kw["width"])) or original(self, *a, **kw))
+    report = run_warmup(_generator(planner), planner, [(64, 64), (80, 64)])
+    assert steps == [(2, 64, 64), (2, 64, 80)]
+    assert isinstance(report, ServerWarmupReport) and report.captures == 0 and report.total_s > 0
+    assert "80x64" in str(report) and "total" in str(report)
+
+
+@pytest.fixture(scope="module")
+def serve_script():
+    return _load_script("serve")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--warmup", "64"], "WIDTHxHEIGHT"),
+    (["--model", "wan"], "makes videos"),
+    (["--model", "no-such-model"], "unknown family"),
+    (["--inject", "boom"], "KIND:PROMPT"),
+    (["--max-steps", "0"], "--max-steps must be >= 1"),
+    (["--port", "70000"], "--port"),
+    pytest.param(["--size", "full"], "--yes", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="checks the no-CUDA refusal (with CUDA it would build the full model)")),
+])
+def test_serve_bad_options_exit_2_before_building(serve_script, capsys, argv, needle):
+    assert serve_script.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_serve_refuses_a_warmup_size_the_model_cannot_make(serve_script, capsys):
+    assert serve_script.main(["--warmup", "72x64", "--port", "0"]) == 2
+    assert "multiples of 16" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(serve_script, tmp_path):
+    pipelines.build_pipeline("flux", size="tiny", device="cpu").save_pretrained(tmp_path)
+    args = serve_script.build_parser().parse_args(["--model", str(tmp_path)])
+    pipe, spec = serve_script.build(args, None, torch.device("cpu"), torch.float32)
+    planner = serve_script.make_planner(pipe, spec, args, None)
+    assert spec.name == "flux" and planner.size == "full"
+    assert (planner.default_width, planner.default_height, planner.default_steps) == (1024, 1024, 28)
+    assert planner.limits.granularity == 16
+
+
+def test_load_report_flags_errors_memory_growth_and_mismatches():
+    from serving.load_report import cross_check, format_report, latency_ratios, summarize
+    from serving.load_run import Outcome, ServerRun
+
+    def stats(allocated, captures):
+        return {"server": {"warmup": {"sizes": ["64x64"]}}, "bcg": {"captures": captures},
+                "gpu_memory": {"allocated_bytes": allocated, "reserved_bytes": 2 * allocated,
+                               "max_allocated_bytes": allocated}}
+
+    def run(label, latencies, pixels, statuses, end_allocated):
+        outcomes = [Outcome(i, f"id{i % 2}", "64x64", status, lat, payload_hashes=(p,), pixel_hashes=(p,))
+                    for i, (lat, p, status) in enumerate(zip(latencies, pixels, statuses))]
+        return ServerRun(label, "http://127.0.0.1:1", outcomes, 2.0, stats(1000, 1), stats(end_allocated, 2))
+
+    eager = run("eager", [1.0, 2.0, 3.0, 4.0], ["a", "b", "a", "b"], [200] * 4, 1000)
+    bcg = run("bcg", [0.5, 1.0, 1.5, 9.0], ["a", "b", "a", "x"], [200, 200, 200, 503], 1100)
+    bcg.outcomes[3].error = "out of memory"
+    s_eager, s_bcg = summarize(eager), summarize(bcg)
+    assert s_eager["latency_s"]["p50"] == 2.5 and s_eager["throughput_rps"] == 2.0
+    assert s_eager["gpu_memory"]["within_tolerance"] is True and s_eager["captures_during_load"] == 1
+    assert s_bcg["errors"] == {"503": 1} and s_bcg["ok"] == 3
+    assert s_bcg["gpu_memory"]["change_pct"] == pytest.approx(10.0) and s_bcg["gpu_memory"]["within_tolerance"] is False
+    cross = cross_check(eager, bcg)
+    assert (cross["compared"], cross["equal"], cross["not_compared"]) == (3, 3, [3])
+    assert latency_ratios(s_eager, s_bcg, 0.5)["passed"] is True  # p50 1.0 / 2.5, p99 1.49 / 3.97
+    ratios = latency_ratios(s_eager, s_bcg, 0.3)
+    assert ratios["ratios"]["p50"] == pytest.approx(1.0 / 2.5) and ratios["passed"] is False
+    text = format_report([s_eager, s_bcg], cross, ratios)
+    assert "(OVER)" in text and "503: 1" in text and "NOT all equal" in text and "FAIL" in text

@@ -1,0 +1,148 @@
+"""GPU tests of scripts/serve.py: an eager server and a BCG server (tiny Flux, then tiny PixArt without
+resolution binning) on 127.0.0.1 give bitwise equal images; bad requests capture nothing and change no
+later image; failures inside the pipeline are answered and the next image is unchanged; the load test
+passes against the pair. Both servers are subprocesses on the one GPU, stopped at the module's end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+from serving.images import pixel_hash  # noqa: E402
+from serving.spawn import spawned_servers  # noqa: E402
+
+START_TIMEOUT_S = 300
+REQUEST_TIMEOUT_S = 120
+WARMED = ("64x64", "80x64")
+INJECT = "--inject oom:__oom__ --inject error:__fail__"
+FAMILY_ARGS = {
+    "flux": f"--model flux --device cuda --steps 3 --max-n 2 --warmup {','.join(WARMED)}",
+    "pixart": f"--model pixart --device cuda --steps 3 --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
+}
+REQUESTS = [
+    {"prompt": "a red fox in the snow", "size": "64x64", "seed": 0},
+    {"prompt": "a lighthouse in a storm", "size": "80x64", "seed": 1},
+    {"prompt": "a bowl of ramen", "size": "64x96", "seed": 2},  # not warmed: captured on first use
+    {"prompt": "a red fox in the snow", "size": "64x64", "seed": 3, "n": 2},
+    {"prompt": "an astronaut", "size": "80x64", "seed": 4, "guidance_scale": 2.0, "num_inference_steps": 4},
+]
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_ARGS))
+def servers(request, tmp_path_factory):
+    """``(family, eager URL, BCG URL)``; both servers stopped when the family's tests are done."""
+    args = f"{FAMILY_ARGS[request.param]} {INJECT}"
+    log_dir = tmp_path_factory.mktemp(f"serve-{request.param}")
+    with spawned_servers([args, f"{args} --bcg"], log_dir, START_TIMEOUT_S) as (eager, bcg):
+        yield request.param, eager.url, bcg.url
+
+
+def post(url: str, body) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
+        if isinstance(body, (bytes, str)):
+            return client.post("/v1/images/generations", content=body)
+        return client.post("/v1/images/generations", json=body)
+
+
+def pixels(response: httpx.Response) -> list[str]:
+    assert response.status_code == 200, response.text
+    return [pixel_hash(item["b64_json"]) for item in response.json()["data"]]
+
+
+def stats(url: str) -> dict:
+    return httpx.get(f"{url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()
+
+
+def test_bcg_server_is_active_and_warmed(servers):
+    _, eager, bcg = servers
+    s = stats(bcg)
+    assert s["server"]["bcg"] is True and s["bcg"] is not None
+    assert s["server"]["warmup"]["sizes"] == list(WARMED)
+    assert s["bcg"]["captures"] >= len(WARMED), s["bcg"]
+    assert s["gpu_memory"]["allocated_bytes"] > 0
+    assert stats(eager)["bcg"] is None and stats(eager)["server"]["bcg"] is False
+
+
+def test_bcg_images_equal_eager_images_bitwise(servers):
+    _, eager, bcg = servers
+    for body in REQUESTS:
+        expected = pixels(post(eager, body))
+        assert len(expected) == body.get("n", 1)
+        assert pixels(post(bcg, body)) == expected, body
+    assert stats(bcg)["bcg"]["hits"] > 0
+
+
+def test_a_warmed_size_replays_without_a_capture(servers):
+    _, _, bcg = servers
+    before = stats(bcg)["bcg"]
+    pixels(post(bcg, {"prompt": "a quiet harbor", "size": WARMED[1], "seed": 11}))
+    after = stats(bcg)["bcg"]
+    assert after["captures"] == before["captures"], "the warm-up did not capture what a request at its size needs"
+    assert after["hits"] > before["hits"]
+
+
+BAD = [
+    {"prompt": "a", "size": "72x64"},
+    {"prompt": "a", "size": "4096x4096"},
+    {"prompt": "a", "num_inference_steps": 0},
+    {"prompt": "a", "n": 99},
+    {"prompt": "a", "response_format": "url"},
+    {"size": "64x64"},
+    b"not json",
+]
+
+
+def test_bad_requests_capture_nothing_and_change_no_image(servers):
+    _, _, bcg = servers
+    body = REQUESTS[2]
+    reference = pixels(post(bcg, body))
+    before = stats(bcg)
+    for bad in BAD:
+        response = post(bcg, bad)
+        assert response.status_code == 400 and response.json()["error"]["message"], bad
+    after = stats(bcg)
+    for key in ("captures", "misses", "hits", "eager_calls"):
+        assert after["bcg"][key] == before["bcg"][key], key
+    assert after["counters"]["pipeline_calls"] == before["counters"]["pipeline_calls"]
+    assert pixels(post(bcg, body)) == reference
+
+
+def test_failures_inside_the_pipeline_then_the_same_image(servers):
+    _, eager, bcg = servers
+    body = REQUESTS[0]
+    reference = pixels(post(eager, body))
+    assert post(bcg, {**body, "prompt": "__oom__"}).status_code == 503
+    assert post(bcg, {**body, "prompt": "__fail__"}).status_code == 500
+    assert pixels(post(bcg, body)) == reference
+    assert httpx.get(f"{bcg}/health", timeout=10, trust_env=False).json()["status"] == "ok"
+
+
+def test_load_compare_eager_and_bcg(servers, tmp_path, capsys):
+    import importlib.util
+    import json
+
+    _, eager, bcg = servers
+    spec = importlib.util.spec_from_file_location("_bcg_script_load", SCRIPTS / "load.py")
+    load = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = load
+    spec.loader.exec_module(load)
+    out = tmp_path / "load.json"
+    code = load.main(["--compare", eager, bcg, "--requests", "16", "--concurrency", "4",
+                      "--sizes", "64x64,80x64,64x80,64x96", "--seeds", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["cross_check"]["equal"] == 16
+    for summary in result["servers"]:
+        assert summary["gpu_memory"]["start"]["allocated_bytes"] > 0
+        assert not summary["consistency"]["inconsistent_identities"]
