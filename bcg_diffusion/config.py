@@ -36,8 +36,11 @@ class BCGConfig:
             from the closest captured key.
         eager_modules: qualified names (``"transformer_blocks.3"``) or class names of
             submodules that run as eager breaks of their own.
-        allow_unknown: accept transformer classes the project does not know (generic path:
-            breaks at ``dispatch_attention_fn`` and ``scaled_dot_product_attention``).
+        allow_unknown: classes outside ``KNOWN_TRANSFORMERS``: ``None`` (default) takes every
+            diffusers model class on the generic path (breaks at ``dispatch_attention_fn`` and
+            ``scaled_dot_product_attention``; verified bitwise on every diffusion transformer class
+            of diffusers 0.42.1) and refuses other modules; ``True`` takes any module; ``False``
+            only the known classes.
         max_narrowing: after a failed capture, how many parts may be made eager breaks of their
             own (one per retry: the submodule, method or function that did host work, found from
             the failure's frames; a second failing instance of a class makes the whole class eager)
@@ -65,7 +68,7 @@ class BCGConfig:
     text_buckets: tuple[int, ...] | None = None
     log_misses: bool = True
     eager_modules: tuple[str, ...] = field(default_factory=tuple)
-    allow_unknown: bool = False
+    allow_unknown: bool | None = None
     max_narrowing: int = 6
     check_weights: str = "auto"
     attention: str = "capture_safe"
@@ -97,7 +100,7 @@ class BCGConfig:
         names = tuple(self.eager_modules)
         _check(all(isinstance(n, str) and n for n in names), "eager_modules must hold non-empty strings", self.eager_modules)
         object.__setattr__(self, "eager_modules", names)
-        _check(isinstance(self.allow_unknown, bool), "allow_unknown must be a bool", self.allow_unknown)
+        _check(self.allow_unknown is None or isinstance(self.allow_unknown, bool), "allow_unknown must be None or a bool", self.allow_unknown)
         _check(_is_int(self.max_narrowing) and self.max_narrowing >= 0, "max_narrowing must be an int >= 0", self.max_narrowing)
         _check(
             self.check_weights in ("auto", "every_call", "per_pipeline_call"),
