@@ -1,4 +1,5 @@
-"""Speed settings both scripts apply to a transformer: regional torch.compile and the attention backend."""
+"""Speed settings the scripts apply to a transformer: regional torch.compile, the attention backend and
+diffusers context parallelism."""
 
 from __future__ import annotations
 
@@ -8,7 +9,21 @@ import warnings
 
 import torch
 
-__all__ = ["attention_backend_names", "quiet_library_warnings", "regional_compile", "set_attention_backend"]
+__all__ = [
+    "CP_MODES",
+    "attention_backend_names",
+    "compile_leftover_children",
+    "enable_context_parallel",
+    "has_cp_plan",
+    "leftover_children",
+    "quiet_library_warnings",
+    "regional_compile",
+    "regional_compile_all",
+    "set_attention_backend",
+]
+
+#: ``--cp`` values: the ``ContextParallelConfig`` degree each one sets (``ulysses_degree``, ``ring_degree``).
+CP_MODES = ("ulysses", "ring")
 
 
 @contextlib.contextmanager
@@ -48,6 +63,67 @@ def regional_compile(transformer, **compile_kwargs) -> str:
     return f"regional torch.compile{kw_text} of each block in {', '.join(lists)} ({cls} defines no _repeated_blocks)"
 
 
+#: Leaf modules that do no work worth a compiled region (left alone by :func:`compile_leftover_children`).
+NOT_WORTH_COMPILING = (torch.nn.Identity, torch.nn.Dropout)
+
+
+def _is_block_container(child: torch.nn.Module, repeated: tuple[str, ...]) -> bool:
+    """A ModuleList / ModuleDict that holds the blocks :func:`regional_compile` compiles."""
+    if not isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)) or not len(child):
+        return False
+    items = child.values() if isinstance(child, torch.nn.ModuleDict) else child
+    return not repeated or any(type(m).__name__ in repeated for m in items)
+
+
+def leftover_children(transformer) -> list[tuple[str, torch.nn.Module]]:
+    """``(name, module)`` of what :func:`regional_compile` leaves uncompiled: the direct children of
+    ``transformer`` other than its repeated blocks (embedders, norms, output head, rotary embeddings).
+
+    The blocks are the classes of ``_repeated_blocks`` where the class lists them, else every non-empty
+    ``ModuleList`` child (as :func:`regional_compile` decides). A ``ModuleList`` / ``ModuleDict`` of other
+    modules contributes its items (``name.0``, ...); modules without a ``forward`` of their own, identities,
+    dropouts and modules already compiled are skipped.
+    """
+    repeated = tuple(getattr(transformer, "_repeated_blocks", None) or ())
+    found: list[tuple[str, torch.nn.Module]] = []
+
+    def consider(name: str, module: torch.nn.Module) -> None:
+        if type(module).__name__ in repeated or isinstance(module, NOT_WORTH_COMPILING):
+            return
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            items = module.items() if isinstance(module, torch.nn.ModuleDict) else enumerate(module)
+            for key, item in items:
+                consider(f"{name}.{key}", item)
+            return
+        if type(module).forward is torch.nn.Module.forward or module._compiled_call_impl is not None:
+            return  # nothing to call, or compiled already
+        found.append((name, module))
+
+    for name, child in transformer.named_children():
+        if not _is_block_container(child, repeated):
+            consider(name, child)
+    return found
+
+
+def compile_leftover_children(transformer, **compile_kwargs) -> list[str]:
+    """``module.compile(dynamic=False, **compile_kwargs)`` on each of :func:`leftover_children` in place
+    (``dynamic`` may be overridden); return their names. The transformer's own ``forward`` stays uncompiled."""
+    kwargs = {"dynamic": False, **compile_kwargs}
+    names = []
+    for name, module in leftover_children(transformer):
+        module.compile(**kwargs)
+        names.append(name)
+    return names
+
+
+def regional_compile_all(transformer, **compile_kwargs) -> str:
+    """:func:`regional_compile`, then :func:`compile_leftover_children`: every module a step runs is inside
+    a compiled region, while the transformer's ``forward`` Python stays eager. Returns a sentence saying how."""
+    desc = regional_compile(transformer, **compile_kwargs)
+    names = compile_leftover_children(transformer, **compile_kwargs)
+    return f"{desc}; and the leftover children {', '.join(names) or '(none)'} each compiled (dynamic=False)"
+
+
 def attention_backend_names() -> list[str]:
     """The values of diffusers' ``AttentionBackendName``."""
     from diffusers.models.attention_dispatch import AttentionBackendName
@@ -65,3 +141,25 @@ def set_attention_backend(transformer, name: str) -> str:
         return (f"attention backend {name!r} set, but none of the {len(processors)} attention processors of "
                 f"{type(transformer).__name__} dispatch through it (they call SDPA directly)")
     return f"attention backend {name!r} set on {reached} of {len(processors)} attention processors"
+
+
+def has_cp_plan(transformer_class: type) -> bool:
+    """Whether diffusers can split this transformer class over GPUs (it defines a ``_cp_plan``)."""
+    return getattr(transformer_class, "_cp_plan", None) is not None
+
+
+def enable_context_parallel(transformer, mode: str, degree: int) -> str:
+    """``transformer.enable_parallelism(config=ContextParallelConfig(<mode>_degree=degree))``; return a note.
+
+    Needs an initialised process group of ``degree`` ranks (one GPU each); call it before
+    ``accelerate_pipeline`` and after any ``set_attention_backend`` (diffusers checks the backend here).
+    """
+    if mode not in CP_MODES:
+        raise ValueError(f"unknown context-parallel mode {mode!r}; choose one of {', '.join(CP_MODES)}")
+    from diffusers import ContextParallelConfig
+
+    config = ContextParallelConfig(**{f"{mode}_degree": degree})
+    with quiet_library_warnings():  # diffusers warns that parallelism is experimental on every call
+        transformer.enable_parallelism(config=config)
+    return (f"context parallelism: {type(transformer).__name__}.enable_parallelism(config=ContextParallelConfig("
+            f"{mode}_degree={degree})): each step's sequence is split over {degree} GPUs")

@@ -554,3 +554,253 @@ def test_pyproject_quant_extra_pins_torchao():
     from pipelines.quant import INSTALL_HINT
 
     assert 'pip install -e ".[quant]"' in INSTALL_HINT  # the hint names this extra
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py: the size the transformer ran, resolution binning
+# ---------------------------------------------------------------------------------------------------------
+def _size_line(text: str) -> str:
+    (line,) = [line for line in text.splitlines() if line.startswith("  size: ")]
+    return line
+
+
+def test_generate_names_the_size_the_transformer_ran(generate, tmp_path, capsys):
+    assert generate.main(["--steps", "2", "--height", "48", "--width", "80", "--out", str(tmp_path / "f.png")]) == 0
+    # Flux packs 2x2 latent patches: 48x80 px -> 6x10 latents -> 3x5 = 15 tokens of 64 channels
+    assert _size_line(capsys.readouterr().out) == (
+        "  size: asked 80x48 px (WxH); the transformer ran 15 tokens (hidden_states 1x15x64)")
+
+
+def test_generate_says_when_resolution_binning_ran_another_size(generate, tmp_path, capsys):
+    from PIL import Image
+
+    common = ["--model", "pixart", "--steps", "2", "--height", "64", "--width", "64"]
+    assert generate.main([*common, "--out", str(tmp_path / "binned.png")]) == 0
+    text = capsys.readouterr().out
+    # the tiny PixArt (sample size 32) bins every request to 256 px: 32x32 latents, CFG batch 2
+    assert "the transformer ran 32x32 latents (WxH; 256 tokens at patch 2; hidden_states 2x4x32x32)" in _size_line(text)
+    assert ("  PixArtSigmaPipeline's resolution binning ran 256x256 and resized to 64x64 (WxH); "
+            "--no-resolution-binning runs 64x64") in text.splitlines()
+    assert generate.main([*common, "--no-resolution-binning", "--out", str(tmp_path / "exact.png")]) == 0
+    text = capsys.readouterr().out
+    assert "use_resolution_binning=False" in text
+    assert "the transformer ran 8x8 latents (WxH; 16 tokens at patch 2; hidden_states 2x4x8x8)" in _size_line(text)
+    assert "resolution binning ran" not in text
+    for name in ("binned.png", "exact.png"):  # both resized / generated at the asked size
+        assert Image.open(tmp_path / name).size == (64, 64)
+
+
+def test_generate_no_resolution_binning_where_the_pipeline_does_not_bin_exits_2(generate, capsys, no_build):
+    assert generate.main(["--model", "flux", "--no-resolution-binning"]) == 2
+    err = capsys.readouterr().err
+    assert "--no-resolution-binning: FluxPipeline does not bin resolutions" in err, err
+
+
+@pytest.mark.parametrize("shapes, config, text", [
+    ((2, 4, 64, 64), {"in_channels": 4, "patch_size": 2},
+     "64x64 latents (WxH; 1024 tokens at patch 2; hidden_states 2x4x64x64)"),
+    ((1, 4096, 64), {"in_channels": 64, "patch_size": 1}, "4096 tokens (hidden_states 1x4096x64)"),
+    ((1, 16, 9, 60, 104), {"in_channels": 16, "patch_size": (1, 2, 2)},
+     "9 frames of 104x60 latents (WxH; 14040 tokens at patch 1x2x2; hidden_states 1x16x9x60x104)"),
+    ((2, 9, 16, 60, 90), {"in_channels": 16, "patch_size": 2, "patch_size_t": None},  # CogVideoX: frames first
+     "9 frames of 90x60 latents (WxH; 12150 tokens at patch 1x2x2; hidden_states 2x9x16x60x90)"),
+    (((16, 1, 128, 96),), {"in_channels": 16, "all_patch_size": (2,), "all_f_patch_size": (1,)},  # Z-Image: a list
+     "96x128 latents (WxH; 3072 tokens at patch 2; hidden_states a list of 1: 16x1x128x96)"),
+])
+def test_ran_size_reads_each_layout(shapes, config, text):
+    from timed_run import ran_size
+
+    assert ran_size(shapes, config).describe() == text
+
+
+def test_input_shapes_hook_is_removed_after_the_run():
+    from timed_run import InputShapes
+
+    module = torch.nn.Linear(3, 3)
+    with InputShapes(module) as seen:
+        module(torch.zeros(2, 3))
+        module(input=torch.zeros(5, 3))  # not a name it reads: the first positional argument is absent
+        module(torch.zeros(2, 3))
+    assert seen.shapes == [(2, 3)]
+    assert not module._forward_pre_hooks
+    module(torch.zeros(4, 3))
+    assert seen.shapes == [(2, 3)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py --warmup
+# ---------------------------------------------------------------------------------------------------------
+def test_generate_warmup_leaves_the_image_bitwise_the_same(generate, tmp_path, capsys):
+    plain, warmed = tmp_path / "plain.png", tmp_path / "warmed.png"
+    assert generate.main(["--steps", "3", "--out", str(plain)]) == 0
+    assert "warm-up" not in capsys.readouterr().out
+    assert generate.main(["--steps", "3", "--warmup", "--out", str(warmed)]) == 0
+    text = capsys.readouterr().out
+    assert "warm-up before the eager run: bcg_diffusion.warmup at 64x64 (WxH)" in text
+    assert "  warm-up: 1 shape(s), 0 graph key(s) captured" in text  # str(WarmupReport), indented
+    assert re.search(r"first step after the warm-up: [\d.]+ ms, [\d.]+x the median step", text), text
+    assert plain.read_bytes() == warmed.read_bytes()
+
+
+def test_generate_warmup_passes_the_sizes_and_the_run_settings(generate, tmp_path, capsys, monkeypatch):
+    import bcg_diffusion
+
+    seen = []
+
+    def fake_warmup(pipe, shapes, **call):
+        seen.append((shapes, call))
+        return bcg_diffusion.WarmupReport((), 0.25, 2)
+
+    monkeypatch.setattr(bcg_diffusion, "warmup", fake_warmup)
+    assert generate.main(["--steps", "2", "--batch", "2", "--warmup", "80x48,64x64", "--compare",
+                          "--out", str(tmp_path / "w.png")]) == 0
+    text = capsys.readouterr().out
+    assert len(seen) == 2  # before the eager run and before the BCG run
+    for shapes, call in seen:
+        assert shapes == [{"height": 48, "width": 80}, {"height": 64, "width": 64}]  # WxH, width first
+        assert call["num_images_per_prompt"] == 2 and call["guidance_scale"] == 3.5 and call["prompt"]
+        assert not {"height", "width", "num_inference_steps"} & set(call)
+    assert "warm-up before the eager run: 0 shape(s), 0 graph key(s) captured, 0.25 s" in text
+    assert "warm-up before the bcg (inactive: no CUDA) run:" in text
+
+
+def test_generate_warmup_of_a_video_family_keeps_the_run_frames(generate, tmp_path, monkeypatch):
+    import bcg_diffusion
+
+    seen = []
+    monkeypatch.setattr(bcg_diffusion, "warmup",
+                        lambda pipe, shapes, **call: seen.append(shapes) or bcg_diffusion.WarmupReport((), 0.0, 2))
+    assert generate.main(["--model", "wan", "--steps", "1", "--frames", "5", "--warmup", "48x32,32x32x9",
+                          "--out", str(tmp_path / "v.gif")]) == 0
+    assert seen == [[{"height": 32, "width": 48, "num_frames": 5}, {"height": 32, "width": 32, "num_frames": 9}]]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--warmup", "big"], "cannot read 'big'; give sizes as WxH"),
+    (["--warmup", "64x64,"], "cannot read ''"),
+    (["--warmup", "64x65"], "multiples of"),
+    (["--warmup", "64x64x9"], "makes images; give WxH"),
+    (["--model", "wan", "--warmup", "32x32x6"], "--warmup 32x32x6"),
+])
+def test_generate_bad_warmup_sizes_exit_2(generate, capsys, no_build, argv, needle):
+    assert generate.main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py --compile-cache
+# ---------------------------------------------------------------------------------------------------------
+def test_generate_compile_cache_needs_compile(generate, tmp_path, capsys, no_build):
+    assert generate.main(["--compile-cache", str(tmp_path / "cc")]) == 2
+    assert "nothing compiles without --compile" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert generate.main(["--compile", "--compile-cache", str(tmp_path / "file")]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
+
+
+def test_generate_compile_cache_prints_its_status_and_the_compile_setup(generate, tmp_path, capsys, monkeypatch):
+    """The real use_compile_cache; regional compile replaced by a no-op (compiling on this CPU takes minutes)."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # use_compile_cache sets it; restored after
+    monkeypatch.setattr(generate, "regional_compile", lambda transformer: "regional compile (a no-op here)")
+    assert generate.main(["--steps", "2", "--compile", "--compile-cache", str(tmp_path / "cc"),
+                          "--out", str(tmp_path / "c.png")]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[1].startswith("compile cache: cold: nothing compiled yet"), text
+    assert re.search(r"  compile set-up: the first step of the eager \+ compile run took [\d.]+ s .*; a later step "
+                     r"takes [\d.]+ ms", text), text
+    assert "  compile cache: cold:" in text  # repeated in the summary
+    # save() writes what this process compiled so far: nothing here, unless an earlier test compiled something
+    saved = re.search(r"^compile cache: (nothing was compiled, nothing saved|saved this process's compile artifacts "
+                      r"to (.+))$", text, re.M)
+    assert saved, text
+    if saved[2]:
+        assert Path(saved[2]).is_file() and Path(saved[2]).is_relative_to(tmp_path / "cc"), saved[2]
+    assert (tmp_path / "cc").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py --cp (argument errors; the runs themselves need torchrun and 2 GPUs)
+# ---------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """Sets torchrun's variables (restored after); call it with the values."""
+    def set_env(**values):
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            if name in values:
+                monkeypatch.setenv(name, str(values[name]))
+            else:
+                monkeypatch.delenv(name, raising=False)
+    return set_env
+
+
+def test_generate_cp_without_torchrun_exits_2(generate, capsys, no_build, torchrun_env):
+    torchrun_env()
+    assert generate.main(["--cp", "ulysses"]) == 2
+    err = capsys.readouterr().err
+    assert "--cp ulysses runs one process per GPU under torchrun" in err
+    assert "RANK, WORLD_SIZE, LOCAL_RANK are not set" in err and "torchrun --nproc_per_node 2" in err, err
+
+
+def test_generate_cp_with_one_rank_exits_2(generate, capsys, no_build, torchrun_env):
+    torchrun_env(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0)
+    assert generate.main(["--cp", "ring"]) == 2
+    err = capsys.readouterr().err
+    assert "--cp ring splits each step over the ranks of a torchrun launch, but WORLD_SIZE is 1" in err, err
+
+
+def test_generate_cp_on_a_family_without_a_cp_plan_exits_2(generate, capsys, no_build, torchrun_env):
+    torchrun_env(RANK=0, WORLD_SIZE=2, LOCAL_RANK=0)
+    assert generate.main(["--model", "sd3", "--cp", "ulysses"]) == 2
+    err = capsys.readouterr().err
+    assert "SD3Transformer2DModel (sd3) has no _cp_plan, so diffusers cannot split it over GPUs" in err, err
+    assert "families that have one: flux, wan, qwenimage, ltx" in err, err
+
+
+@CPU_ONLY
+def test_generate_cp_without_cuda_exits_2(generate, capsys, no_build, torchrun_env):
+    torchrun_env(RANK=1, WORLD_SIZE=2, LOCAL_RANK=1)
+    assert generate.main(["--model", "flux", "--cp", "ulysses"]) == 2
+    assert "needs one CUDA GPU per rank (NCCL), and torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_generate_keeps_nvlink_multicast_off(generate, monkeypatch, capsys):
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.delenv("NVSHMEM_DISABLE_NVLS", raising=False)
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")  # the user's own setting stays
+    import os
+
+    assert generate.main(["--list-models"]) == 0
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "0"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# generate.py on a GPU (the lead runs these: pytest -m gpu tests/test_scripts.py)
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["flux", "pixart"])
+def test_generate_gpu_warmup_leaves_the_bcg_image_bitwise_the_same(generate, tmp_path, capsys, model):
+    common = ["--model", model, "--steps", "4", "--bcg", "--height", "64", "--width", "64"]
+    plain, warmed = tmp_path / "plain.png", tmp_path / "warmed.png"
+    assert generate.main([*common, "--out", str(plain)]) == 0
+    capsys.readouterr()
+    assert generate.main([*common, "--warmup", "--out", str(warmed)]) == 0
+    text = capsys.readouterr().out
+    captured = re.search(r"warm-up: 1 shape\(s\), (\d+) graph key\(s\) captured", text)
+    assert captured and int(captured[1]) >= 1, text
+    assert re.search(r"  bcg: 4 steps", text), text
+    assert plain.read_bytes() == warmed.read_bytes()
+    # the timed run after the warm-up hit its graphs from the first step: every miss (capture) was the warm-up's
+    misses = re.search(r"BCG: \w+: \d+ graph\(s\), \d+ hits, (\d+) misses", text)
+    assert misses and misses[1] == captured[1], text
+    assert re.search(r"first step after the warm-up: [\d.]+ ms, [\d.]+x the median step", text), text
+
+
+@pytest.mark.gpu
+def test_generate_gpu_compare_with_warmup_is_bitwise_identical(generate, tmp_path, capsys):
+    assert generate.main(["--model", "pixart", "--steps", "4", "--height", "64", "--width", "64",
+                          "--no-resolution-binning", "--warmup", "--compare", "--out", str(tmp_path / "c.png")]) == 0
+    text = capsys.readouterr().out
+    assert "outputs bitwise identical: YES" in text, text
+    assert "the transformer ran 8x8 latents" in text, text
