@@ -31,7 +31,7 @@ from cache_quant import apply_cache, cache_passes
 from pipelines.caches import cache_unsupported_reason, disable_cache, reset_cache_state
 from speedups import quiet_library_warnings, regional_compile
 
-from .rows import Row, _f, register
+from .row_base import Row, fmt, yes_no
 from .timing import Clock
 from .trees import weight_sharing_copy
 
@@ -174,10 +174,6 @@ def run_cache_rows(pipe, call: dict[str, Any], seed: int, clock: Clock, log, *, 
                                       for spec in settings.cache_rows]}
 
 
-def _yes_no(value) -> str:
-    return "-" if value is None else ("yes" if value else "no")
-
-
 def cache_markdown(cases: list[dict[str, Any]]) -> list[str]:
     rows = [c for c in cases if c.get("cache")]
     if not rows:
@@ -196,18 +192,18 @@ def cache_markdown(cases: list[dict[str, Any]]) -> list[str]:
             continue
         for e in row.get("specs", []):
             comp = e.get("compile_cache") or {}
-            comp_text = _f(comp.get("second_s")) if comp.get("status") == "ok" else (comp.get("status") or "-")
+            comp_text = fmt(comp.get("second_s")) if comp.get("status") == "ok" else (comp.get("status") or "-")
             note = e.get("reason") or e.get("note") or ""
             if comp.get("status") in ("error", "n/a"):
                 note += f"{'; ' if note else ''}compile + cache: {comp.get('reason')}"
             lines.append(
-                f"| {case['case']} | {e['spec']} | {row.get('steps', '-')} | {_f(e.get('eager_cache_s'))} | "
-                f"{_f(e.get('bcg_cache_first_s'))} | {_f(e.get('bcg_cache_second_s'))} | "
-                f"{_f(e.get('bcg_alone_second_s'))} | {_f(e.get('eager_cache_over_bcg_cache'))} | "
-                f"{_f(e.get('bcg_alone_over_bcg_cache'))} | {comp_text} | {_passes_text(e.get('eager_passes'))} | "
-                f"{_passes_text(e.get('bcg_passes'))} | {_yes_no(e.get('bitwise_equal_to_eager_cache'))} | "
+                f"| {case['case']} | {e['spec']} | {row.get('steps', '-')} | {fmt(e.get('eager_cache_s'))} | "
+                f"{fmt(e.get('bcg_cache_first_s'))} | {fmt(e.get('bcg_cache_second_s'))} | "
+                f"{fmt(e.get('bcg_alone_second_s'))} | {fmt(e.get('eager_cache_over_bcg_cache'))} | "
+                f"{fmt(e.get('bcg_alone_over_bcg_cache'))} | {comp_text} | {_passes_text(e.get('eager_passes'))} | "
+                f"{_passes_text(e.get('bcg_passes'))} | {yes_no(e.get('bitwise_equal_to_eager_cache'))} | "
                 f"{note} |".replace("\n", " "))
     return lines
 
 
-register(Row("cache", run_cache_rows, cache_markdown, enabled=lambda case, settings: bool(settings.cache_rows)))
+CACHE_ROW = Row("cache", run_cache_rows, cache_markdown, enabled=lambda case, settings: bool(settings.cache_rows))

@@ -1,6 +1,10 @@
 """What to measure: the case syntax, the default matrices, shards.
 
-A case is ``family[:size][:HxW][:fFRAMES][:bBATCH][@VARIANT]``, e.g. ``pixart:full:512x512:b2``. A variant
+A case is ``family[:size][:HxW][:fFRAMES][:bBATCH][:bin][:cpN[r]][@VARIANT]``, e.g. ``pixart:full:512x512:b2``.
+``bin`` keeps the pipeline's resolution binning on (PixArt, Sana: the asked size snaps to the model's aspect-ratio
+bins, as diffusers does by default; without it the transformer runs exactly the asked size). ``cpN`` runs the
+transformer with diffusers context parallelism of degree N, Ulysses (``cpNr``: ring), under
+``torchrun --nproc_per_node N`` (:mod:`bench.parallel`). A variant
 names an entry of :data:`VARIANTS`: a function that changes the built pipeline before anything is measured
 (``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8``: the transformer quantized with torchao); add one there to get
 a new kind of case. A variant with an ``unavailable()`` method that returns a reason (torchao missing) makes
@@ -81,6 +85,9 @@ class Case:
     frames: int | None = None
     batch: int = 1
     variant: str = ""
+    binning: bool = False  # ``:bin``: the pipeline's resolution binning on (default: off, the exact asked size)
+    cp: int | None = None  # ``:cpN``: context-parallel degree (None: one GPU)
+    cp_ring: bool = False  # ``:cpNr``: ring attention instead of Ulysses
     modes: tuple[str, ...] | None = None  # per-case modes (the default matrix and the quick preset)
     rows: bool | None = None  # per-case whole-pipeline rows (the default matrix); None: the --e2e setting
     note: str = ""
@@ -93,11 +100,21 @@ class Case:
         if self.frames is not None:
             parts.append(f"f{self.frames}")
         parts.append(f"b{self.batch}")
+        if self.binning:
+            parts.append("bin")
+        if self.cp:
+            parts.append(f"cp{self.cp}" + ("r" if self.cp_ring else ""))
         return ":".join(parts) + (f"@{self.variant}" if self.variant else "")
+
+    @property
+    def cp_kind(self) -> str | None:
+        """``"ulysses"`` or ``"ring"`` for a context-parallel case, else ``None``."""
+        return None if not self.cp else ("ring" if self.cp_ring else "ulysses")
 
 
 def parse_case(text: str) -> Case:
-    """``family[:size][:HxW][:fFRAMES][:bBATCH][@VARIANT]`` -> :class:`Case` (``ValueError`` saying why not)."""
+    """``family[:size][:HxW][:fFRAMES][:bBATCH][:bin][:cpN[r]][@VARIANT]`` -> :class:`Case` (``ValueError``
+    saying why not)."""
     text, _, variant = text.strip().partition("@")
     tokens = [t for t in text.split(":") if t]
     if not tokens:
@@ -116,10 +133,17 @@ def parse_case(text: str) -> Case:
             case.frames = int(m.group(1))
         elif m := re.fullmatch(r"b(\d+)", tok):
             case.batch = int(m.group(1))
+        elif tok in ("bin", "nobin"):
+            case.binning = tok == "bin"
+        elif m := re.fullmatch(r"cp(\d+)([ur]?)", tok):
+            case.cp, case.cp_ring = int(m.group(1)), m.group(2) == "r"
         else:
-            raise ValueError(f"case {text!r}: cannot read {tok!r} (expected tiny|full, HxW, fFRAMES or bBATCH)")
+            raise ValueError(f"case {text!r}: cannot read {tok!r} (expected tiny|full, HxW, fFRAMES, bBATCH, bin, "
+                             "cpN or cpNr)")
     if case.batch < 1:
         raise ValueError(f"case {text!r}: batch must be >= 1")
+    if case.cp is not None and case.cp < 2:
+        raise ValueError(f"case {text!r}: a context-parallel degree must be >= 2 (got cp{case.cp})")
     return case
 
 

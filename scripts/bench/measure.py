@@ -25,6 +25,7 @@ import pipelines
 from .cases import VARIANTS, Case
 from .modes import (
     COMPILED, DEFAULT_MODES, EXCLUSIVE_MODES, MODE_REGISTRY, ModeUnavailable, Runner, StepContext, bcg_stats_dict)
+from .parallel import Ranks, combine_ranks, prepare_module
 from .report import case_ratios
 from .rows import ROW_REGISTRY
 from .timing import Clock, auto_iters, profile_kernels, summarize
@@ -47,6 +48,8 @@ class Settings:
     cache_rows: tuple[str, ...] = ()  # --cache-rows: the step caches of the cache row (empty: no cache row)
     cache_compile: bool = False  # --cache-compile: the cache row also runs regional compile + cache
     setup_timeout: float | None = None  # --setup-timeout: seconds a mode's set-up may take (None: no limit)
+    first_image: tuple[str, ...] = ()  # --first-image: the modes of the first-image row (empty: no such row)
+    compile_cache: Any = None  # the process's bench.compile_cache.ProcessCompileCache (None: Inductor's default)
 
 
 class SetupTimeout(BaseException):
@@ -79,10 +82,11 @@ def err_text(exc: BaseException) -> str:
 
 
 def case_call(pipe, case: Case, steps: int) -> dict[str, Any]:
-    """The pipeline call of ``case``: its exact shape and batch, ``steps`` steps, no caption cleaning."""
+    """The pipeline call of ``case``: its exact shape (resolution binning off, unless the case says ``bin``)
+    and batch, ``steps`` steps, no caption cleaning."""
     call = pipelines.plan_call(case.family, case.size, prompt=PROMPT, height=case.height, width=case.width,
                                num_frames=case.frames, steps=steps)
-    return pipelines.fit_call(pipe, call, batch=case.batch, exact_shape=True, clean_caption=False)[0]
+    return pipelines.fit_call(pipe, call, batch=case.batch, exact_shape=not case.binning, clean_caption=False)[0]
 
 
 def record_step_inputs(pipe, call: dict[str, Any], seed: int, device: str) -> tuple[tuple, dict, int]:
@@ -167,7 +171,7 @@ def set_up_mode(name: str, ctx: StepContext, settings: Settings, clock: Clock, r
         except BaseException:
             _safe_close(runner)
             raise
-    runner.iters = settings.iters or auto_iters(min(warm) if warm else first_s)
+    runner.iters = ctx.agree(settings.iters or auto_iters(min(warm) if warm else first_s))  # rank 0's on all ranks
     res.update(iters_per_round=runner.iters, construct_s=construct_s, first_call_s=first_s, warmup_s=warm,
                notes=list(runner.notes), **memory.report())
     res.update({k: v for k, v in runner.extra.items() if isinstance(v, (int, float))})
@@ -188,8 +192,11 @@ def set_up_modes(ctx, modes, settings, clock, log) -> tuple[dict[str, dict], dic
         if mode.needs_cuda and not ctx.cuda:
             res.update(status="n/a", reason="needs CUDA")
             continue
+        if ctx.parallel and not mode.with_context_parallel:
+            res.update(status="n/a", reason="not measured with context parallelism")
+            continue
         try:
-            with time_limit(settings.setup_timeout):
+            with time_limit(None if ctx.parallel else settings.setup_timeout):  # no rank may give up alone
                 runners[name], out = set_up_mode(name, ctx, settings, clock, res)
         except (Exception, SetupTimeout) as exc:  # noqa: BLE001 - one mode's failure must not stop the others
             expected = isinstance(exc, (ModeUnavailable, SetupTimeout))  # said plainly, without a traceback
@@ -211,7 +218,7 @@ def set_up_modes(ctx, modes, settings, clock, log) -> tuple[dict[str, dict], dic
 def time_rounds(runners: dict[str, Runner], results, settings: Settings, clock: Clock, log) -> dict[str, list]:
     """Interleaved rounds; a mode that fails is dropped from ``runners`` with its error in ``results``."""
     times: dict[str, list[float]] = {m: [] for m in runners}
-    for rnd in range(settings.rounds):
+    for rnd in range(settings.rounds if runners else 0):
         parts = []
         for name in list(runners):
             runner = runners[name]
@@ -248,6 +255,11 @@ def summarize_modes(runners: dict[str, Runner], results, times) -> None:
                 res["notes"].append(f"BCG ran {stats['eager_calls']} call(s) eagerly (fallback)")
             res["notes"] += [f"BCG key fell back to eager: {e['fallback']}"
                              for e in (stats or {}).get("entries") or [] if e.get("fallback")]
+    add_relative_fields(results)
+
+
+def add_relative_fields(results: dict[str, dict[str, Any]]) -> None:
+    """Each timed mode's speedup over eager, ratio to the whole-step graph and extra peak memory over eager."""
     eager = results.get("eager", {}).get("median_ms")
     floor = results.get("whole_graph", {}).get("median_ms")
     eager_peak = results.get("eager", {}).get("peak_alloc_delta_bytes")
@@ -258,17 +270,23 @@ def summarize_modes(runners: dict[str, Runner], results, times) -> None:
             res["extra_peak_vs_eager_bytes"] = res["peak_alloc_delta_bytes"] - eager_peak
 
 
-def profile_eager(runner: Runner, res: dict[str, Any], log) -> None:
+def profile_eager(runner: Runner, res: dict[str, Any], log, calls: int = 1) -> None:
+    """Kernels and GPU-busy time of eager calls (``torch.profiler``, ``calls`` calls), and the GPU-busy fraction
+    of a step: busy time over the median step time (1.0: compute-bound; well below: launch-bound)."""
     try:
         with torch.inference_mode():
-            res["profile"] = prof = profile_kernels(runner.fn)
+            res["profile"] = prof = profile_kernels(runner.fn, calls)
+        step_ms = res.get("median_ms")
+        prof["gpu_busy_fraction"] = prof["gpu_busy_ms"] / step_ms if step_ms else None  # union of device intervals
+        prof["kernel_time_fraction"] = prof["kernel_time_ms"] / step_ms if step_ms else None  # sum of kernel times
         log(f"    eager profile: {prof['kernels']} kernels, GPU busy {prof['gpu_busy_ms']:.2f} ms of "
             f"{res['median_ms']:.2f} ms")
     except Exception as exc:  # noqa: BLE001
         res["profile"] = {"error": err_text(exc)}
 
 
-def run_modes(ctx: StepContext, modes: list[str], settings: Settings, clock: Clock, log) -> dict[str, dict]:
+def run_modes(ctx: StepContext, modes: list[str], settings: Settings, clock: Clock, log,
+              profile_calls: int = 1) -> dict[str, dict]:
     """Set up each mode (timing its first call and memory), then time all of them interleaved in rounds."""
     results, runners = set_up_modes(ctx, modes, settings, clock, log)
     times = time_rounds(runners, results, settings, clock, log)
@@ -276,7 +294,7 @@ def run_modes(ctx: StepContext, modes: list[str], settings: Settings, clock: Clo
     for runner in runners.values():
         _safe_deactivate(runner)
     if ctx.cuda and "eager" in runners:
-        profile_eager(runners["eager"], results["eager"], log)
+        profile_eager(runners["eager"], results["eager"], log, profile_calls)
     for runner in runners.values():
         _safe_close(runner)
     return results
@@ -288,29 +306,16 @@ def case_header(case: Case, spec) -> dict[str, Any]:
               "cfg_mode": spec.cfg_mode, "modes": {}, "e2e": None, "error": None}
     if case.variant:
         header["variant"] = case.variant
+    if case.binning:
+        header["resolution_binning"] = True
+    if case.cp:
+        header["context_parallel"] = {"degree": case.cp, "kind": case.cp_kind}
     if case.note:
         header["note"] = case.note
     return header
 
 
-def measure_case(pipe, case: Case, modes: list[str], settings: Settings, clock: Clock, log, result) -> None:
-    """Fill ``result`` with the case's step inputs, its modes and its whole-pipeline rows."""
-    device = "cuda" if clock.cuda else "cpu"
-    args, kwargs, ncalls = record_step_inputs(pipe, case_call(pipe, case, steps=1), settings.seed, device)
-    hs = kwargs.get("hidden_states", args[0] if args else None)
-    result.update(calls_per_step=ncalls,
-                  step_inputs=describe_tree({**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}),
-                  transformer_batch=int(hs.shape[0]) if isinstance(hs, torch.Tensor) else None)
-    log(f"    step inputs: hidden_states {describe_tree(hs)}, {ncalls} transformer call(s) per step")
-    ctx = StepContext(pipe.transformer, args, kwargs, clock.cuda, settings.bcg_options)
-    result["modes"] = run_modes(ctx, modes, settings, clock, log)
-    result["ratios"] = case_ratios(result["modes"])
-    del ctx
-    free_memory(clock.cuda, dynamo=any(m in COMPILED for m in modes))
-    rows = [row for row in ROW_REGISTRY.values() if row.enabled(case, settings)]
-    if not rows:
-        return
-    call = case_call(pipe, case, settings.e2e_steps or pipelines.get_family(case.family).default_steps)
+def _run_rows(rows, pipe, call, case: Case, settings: Settings, clock: Clock, log, result) -> None:
     for row in rows:
         try:
             result[row.name] = row.run(pipe, call, settings.seed, clock, log, case=case, settings=settings)
@@ -319,7 +324,46 @@ def measure_case(pipe, case: Case, modes: list[str], settings: Settings, clock: 
             log(f"    {row.name}: error: {result[row.name]['error']}")
 
 
-def run_case(case: Case, modes: list[str], settings: Settings, device, dtype, clock: Clock, log) -> dict[str, Any]:
+def measure_modes(ctx: StepContext, case: Case, modes: list[str], settings: Settings, clock: Clock, log,
+                  ranks: Ranks) -> dict[str, dict]:
+    """The per-step modes of the case; on a context-parallel case every rank's results, combined (the
+    slowest rank's numbers: :func:`bench.parallel.combine_ranks`)."""
+    if not case.cp:
+        return run_modes(ctx, modes, settings, clock, log)
+    results = combine_ranks(ranks.gather(run_modes(ctx, modes, settings, clock, log, profile_calls=3)))
+    add_relative_fields(results)
+    return results
+
+
+def measure_case(pipe, case: Case, modes: list[str], settings: Settings, clock: Clock, log, result,
+                 ranks: Ranks | None = None) -> None:
+    """Fill ``result`` with the case's step inputs, its whole-pipeline rows (those ``before_modes`` first)
+    and its modes. Context-parallel cases run the modes only."""
+    ranks = ranks or Ranks()
+    device = "cuda" if clock.cuda else "cpu"
+    args, kwargs, ncalls = record_step_inputs(pipe, case_call(pipe, case, steps=1), settings.seed, device)
+    hs = kwargs.get("hidden_states", args[0] if args else None)
+    result.update(calls_per_step=ncalls,
+                  step_inputs=describe_tree({**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}),
+                  transformer_batch=int(hs.shape[0]) if isinstance(hs, torch.Tensor) else None)
+    log(f"    step inputs: hidden_states {describe_tree(hs)}, {ncalls} transformer call(s) per step")
+    rows = [] if case.cp else [row for row in ROW_REGISTRY.values() if row.enabled(case, settings)]
+    if case.cp:
+        result["rows_note"] = "context-parallel case: per-step modes only, no whole-pipeline rows"
+    call = case_call(pipe, case, settings.e2e_steps or pipelines.get_family(case.family).default_steps) if rows else None
+    _run_rows([r for r in rows if r.before_modes], pipe, call, case, settings, clock, log, result)
+    prepare = (lambda module: prepare_module(module, case)) if case.cp else None
+    ctx = StepContext(pipe.transformer, args, kwargs, clock.cuda, settings.bcg_options, prepare=prepare,
+                      agree=ranks.agree)
+    result["modes"] = measure_modes(ctx, case, modes, settings, clock, log, ranks)
+    result["ratios"] = case_ratios(result["modes"])
+    del ctx
+    free_memory(clock.cuda, dynamo=any(m in COMPILED for m in modes))
+    _run_rows([r for r in rows if not r.before_modes], pipe, call, case, settings, clock, log, result)
+
+
+def run_case(case: Case, modes: list[str], settings: Settings, device, dtype, clock: Clock, log,
+             ranks: Ranks | None = None) -> dict[str, Any]:
     """Build the case's pipeline and measure it; a failure is recorded in the result, never raised."""
     result = case_header(case, pipelines.get_family(case.family))
     pipe = None
@@ -330,7 +374,7 @@ def run_case(case: Case, modes: list[str], settings: Settings, device, dtype, cl
             result["variant_note"] = VARIANTS[case.variant](pipe)
         result["build_s"] = time.perf_counter() - t0
         log(f"    built in {result['build_s']:.1f} s")
-        measure_case(pipe, case, modes, settings, clock, log, result)
+        measure_case(pipe, case, modes, settings, clock, log, result, ranks)
     except Exception as exc:  # noqa: BLE001 - a broken case is recorded and the run goes on
         result["error"] = err_text(exc)
         result["traceback"] = traceback.format_exc(limit=8)
@@ -342,20 +386,24 @@ def run_case(case: Case, modes: list[str], settings: Settings, device, dtype, cl
 
 
 def run_cases(cases: list[Case], mode_override, settings: Settings, device, dtype, clock, log,
-              report: dict[str, Any], time_budget: float | None, on_case_done: Callable[[], None]) -> None:
+              report: dict[str, Any], time_budget: float | None, on_case_done: Callable[[], None],
+              ranks: Ranks | None = None) -> None:
     """Run ``cases`` in order into ``report["cases"]``; after ``time_budget`` seconds start no new case
-    (the first always runs) and list the rest in ``report["not_run"]``."""
+    (the first always runs; across ranks rank 0 decides) and list the rest in ``report["not_run"]``.
+    ``mode_override``: the ``--modes`` list (may be empty: no per-step modes), else each case's own."""
+    ranks = ranks or Ranks()
     t_start = time.perf_counter()
     for i, case in enumerate(cases, 1):
         elapsed = time.perf_counter() - t_start
-        if time_budget is not None and i > 1 and elapsed > time_budget:
+        if ranks.agree(time_budget is not None and i > 1 and elapsed > time_budget):
             report["not_run"] = [c.label for c in cases[i - 1:]]
             log(f"time budget of {time_budget:.0f} s spent after {elapsed:.0f} s: not running "
                 + ", ".join(report["not_run"]))
             break
-        modes = list(mode_override or case.modes or DEFAULT_MODES)
-        log(f"[{i}/{len(cases)}] {case.label}: modes {', '.join(modes)}" + (f" ({case.note})" if case.note else ""))
-        report["cases"].append(run_case(case, modes, settings, device, dtype, clock, log))
+        modes = list(mode_override if mode_override is not None else (case.modes or DEFAULT_MODES))
+        log(f"[{i}/{len(cases)}] {case.label}: modes {', '.join(modes) or 'none'}"
+            + (f" ({case.note})" if case.note else ""))
+        report["cases"].append(run_case(case, modes, settings, device, dtype, clock, log, ranks))
         report["total_s"] = time.perf_counter() - t_start
         on_case_done()  # a run stopped from outside keeps the finished cases
     report["total_s"] = time.perf_counter() - t_start

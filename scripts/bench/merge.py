@@ -40,6 +40,9 @@ def read_result(path: Path) -> dict[str, Any]:
         report = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from exc
+    if isinstance(report, dict) and report.get("kind") == "across_processes":
+        raise ValueError(f"{path} is an across-process summary (--processes); merge the per-process result files "
+                         "it lists instead")
     missing = missing_field(report)
     if missing:
         raise ValueError(f"{path} is not a bench_step result file: it has no field {missing}")

@@ -4,8 +4,9 @@ To add a mode (a compile policy, a quantized variant of a mode, ...): write ``se
 call :func:`register` with its :class:`Mode`. Modes run in registry order within a round, the modes that
 patch attention process-wide (BCG modes, ``partition_ceiling``) last. Every mode but eager works on its
 own weight-sharing copy of the transformer, so compiled and BCG modes never stack by accident and eager
-stays eager. :data:`DEFAULT_MODES` are the modes of the default matrix and of ``--cases`` without
-``--modes``; the others run when ``--modes`` names them.
+stays eager (on a context-parallel case eager too gets a copy, with parallelism enabled on every copy;
+only modes registered ``with_context_parallel`` run there). :data:`DEFAULT_MODES` are the modes of the
+default matrix and of ``--cases`` without ``--modes``; the others run when ``--modes`` names them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 import bcg_diffusion
-from speedups import quiet_library_warnings, regional_compile
+from speedups import quiet_library_warnings, regional_compile, regional_compile_all
 
 from .trees import clone_tree, copy_tree_, first_tensor, weight_sharing_copy
 
@@ -28,17 +29,42 @@ ENTRY_FIELDS = ("key", "segments", "breaks", "capture_time_s", "memory_bytes", "
 
 
 class StepContext:
-    """The transformer and the recorded inputs of a real denoising step, shared by all modes of a case."""
+    """The transformer and the recorded inputs of a real denoising step, shared by all modes of a case.
 
-    def __init__(self, transformer, args, kwargs, cuda: bool, bcg_options: dict[str, Any]):
+    ``prepare(module) -> (module, notes)``, where given, is applied to every module a mode calls (context
+    parallelism: each mode gets its own copy with it enabled, eager included); ``agree(value)`` returns the
+    value every rank uses (rank 0's; the identity in one process)."""
+
+    def __init__(self, transformer, args, kwargs, cuda: bool, bcg_options: dict[str, Any],
+                 prepare: Callable[[Any], tuple[Any, list[str]]] | None = None,
+                 agree: Callable[[Any], Any] | None = None):
         self.transformer = transformer
         self.args = args
         self.kwargs = kwargs
         self.cuda = cuda
         self.bcg_options = dict(bcg_options)
+        self.prepare = prepare
+        self.agree = agree or (lambda value: value)
+        self.prepare_notes: list[str] = []
+
+    @property
+    def parallel(self) -> bool:
+        """Every mode runs on a prepared (context-parallel) copy."""
+        return self.prepare is not None
 
     def call(self, module):
         return module(*self.args, **self.kwargs)
+
+    def fresh_copy(self):
+        """A weight-sharing copy of the transformer for one mode, prepared where ``prepare`` says."""
+        module = weight_sharing_copy(self.transformer)
+        if self.prepare is not None:
+            module, self.prepare_notes = self.prepare(module)
+        return module
+
+    def eager_module(self):
+        """The module eager calls: the transformer itself, or a prepared copy of it."""
+        return self.fresh_copy() if self.prepare is not None else self.transformer
 
 
 class ModeUnavailable(RuntimeError):
@@ -117,6 +143,7 @@ class Mode:
     torch_compile: bool = False
     bcg: bool = False  # accelerated with BCG: runs last in each round (see measure.time_rounds)
     patches_attention: bool = False  # installs the attention wrappers without BCG: runs with the BCG modes
+    with_context_parallel: bool = False  # measured on context-parallel cases (cpN) too
 
     @property
     def exclusive(self) -> bool:
@@ -156,8 +183,8 @@ def bcg_stats_dict(module) -> dict[str, Any] | None:
 
 
 def setup_eager(ctx: StepContext) -> Runner:
-    t = ctx.transformer
-    return Runner("eager", lambda: first_tensor(ctx.call(t)), module=t)
+    t = ctx.eager_module()
+    return Runner("eager", lambda: first_tensor(ctx.call(t)), module=t, notes=list(ctx.prepare_notes))
 
 
 def _bcg_runner(name: str, ctx: StepContext, module, notes: list[str], attention: str | None = None,
@@ -178,7 +205,7 @@ def _sync(ctx: StepContext) -> None:
 
 
 def setup_bcg(ctx: StepContext, name: str = "bcg", attention: str | None = None) -> Runner:
-    module = weight_sharing_copy(ctx.transformer)
+    module = ctx.fresh_copy()
     notes = ["accelerate_transformer on a weight-sharing copy of the transformer"]
     if not ctx.cuda:
         notes.append("no CUDA: accelerate_transformer is a no-op, so this is eager")
@@ -224,9 +251,10 @@ def setup_whole_graph(ctx: StepContext) -> Runner:
                          "the inputs in and clones the output"])
 
 
-def _compiled_copy(ctx: StepContext, **compile_kwargs) -> tuple[Any, str, float]:
-    module = weight_sharing_copy(ctx.transformer)
-    desc = regional_compile(module, **compile_kwargs)
+def _compiled_copy(ctx: StepContext, compile_fn: Callable[..., str] = regional_compile,
+                   **compile_kwargs) -> tuple[Any, str, float]:
+    module = ctx.fresh_copy()
+    desc = compile_fn(module, **compile_kwargs)
     t0 = time.perf_counter()
     for _ in range(2):  # compile now (and not under a BCG capture later)
         ctx.call(module)
@@ -234,17 +262,25 @@ def _compiled_copy(ctx: StepContext, **compile_kwargs) -> tuple[Any, str, float]
     return module, desc, time.perf_counter() - t0
 
 
-def setup_compile(ctx: StepContext) -> Runner:
-    module, desc, secs = _compiled_copy(ctx)
-    return Runner("compile", lambda: first_tensor(ctx.call(module)), module=module, notes=[desc],
+def setup_compile(ctx: StepContext, name: str = "compile", compile_fn: Callable[..., str] = regional_compile) -> Runner:
+    module, desc, secs = _compiled_copy(ctx, compile_fn)
+    return Runner(name, lambda: first_tensor(ctx.call(module)), module=module, notes=[desc],
                   extra={"compile_calls_s": secs})
 
 
 def setup_compile_bcg(ctx: StepContext, name: str = "compile_bcg", attention: str | None = None,
-                      **compile_kwargs) -> Runner:
-    module, desc, secs = _compiled_copy(ctx, **compile_kwargs)
+                      compile_fn: Callable[..., str] = regional_compile, **compile_kwargs) -> Runner:
+    module, desc, secs = _compiled_copy(ctx, compile_fn, **compile_kwargs)
     return _bcg_runner(name, ctx, module, [desc + ", then accelerate_transformer"], attention,
                        extra={"compile_calls_s": secs})
+
+
+def setup_compile_all(ctx: StepContext) -> Runner:
+    return setup_compile(ctx, "compile_all", compile_fn=regional_compile_all)
+
+
+def setup_compile_bcg_all(ctx: StepContext) -> Runner:
+    return setup_compile_bcg(ctx, "compile_bcg_all", compile_fn=regional_compile_all)
 
 
 def setup_compile_bcg_break(ctx: StepContext) -> Runner:
@@ -259,7 +295,7 @@ def setup_compile_full_bcg(ctx: StepContext) -> Runner:
     """Whole-module compile (default mode: no CUDA graphs of Inductor) below BCG: the copy's ``forward`` is
     replaced by its compiled version (an instance attribute), then the copy is accelerated, so BCG's runner
     is outermost and the compiled forward, with attention as the bcg custom ops, runs inside it."""
-    module = weight_sharing_copy(ctx.transformer)
+    module = ctx.fresh_copy()
     module.forward = torch.compile(module.forward)
     notes = ["whole-module torch.compile (default mode) of forward on a weight-sharing copy, then accelerate_transformer"]
     runner = _bcg_runner("compile_full_bcg", ctx, module, notes)
@@ -339,17 +375,24 @@ def setup_partition_ceiling(ctx: StepContext, inductor_config: Any = None) -> Ru
     return runner
 
 
-register(Mode("eager", "the transformer as diffusers runs it (the baseline)", setup_eager))
+register(Mode("eager", "the transformer as diffusers runs it (the baseline)", setup_eager, with_context_parallel=True))
 register(Mode("bcg", "breakable CUDA graphs with the library's default attention policy (capture_safe: attention "
-              "captured where its kernel is known capturable, an eager break elsewhere)", setup_bcg, bcg=True))
+              "captured where its kernel is known capturable, an eager break elsewhere)", setup_bcg, bcg=True,
+              with_context_parallel=True))
 register(Mode("bcg_break", "breakable CUDA graphs with BCGConfig(attention='break'): every attention call an eager "
-              "break", setup_bcg_break, bcg=True))
+              "break", setup_bcg_break, bcg=True, with_context_parallel=True))
 register(Mode("whole_graph", "one torch.cuda.CUDAGraph of the whole call (static inputs): the practical floor",
               setup_whole_graph, needs_cuda=True))
 register(Mode("compile", "regional torch.compile (default mode) of the repeated blocks", setup_compile,
-              needs_cuda=True, torch_compile=True))
+              needs_cuda=True, torch_compile=True, with_context_parallel=True))
 register(Mode("compile_bcg", "regional torch.compile plus breakable CUDA graphs (default attention policy)",
-              setup_compile_bcg, needs_cuda=True, torch_compile=True, bcg=True))
+              setup_compile_bcg, needs_cuda=True, torch_compile=True, bcg=True, with_context_parallel=True))
+register(Mode("compile_all", "regional torch.compile of the repeated blocks and of every leftover direct child "
+              "(embedders, norms, output head; speedups.regional_compile_all), no BCG", setup_compile_all,
+              needs_cuda=True, torch_compile=True, with_context_parallel=True))
+register(Mode("compile_bcg_all", "compile_all plus breakable CUDA graphs: every module of the step compiled, the "
+              "transformer's forward Python eager and replayed", setup_compile_bcg_all, needs_cuda=True,
+              torch_compile=True, bcg=True, with_context_parallel=True))
 register(Mode("compile_bcg_break", "regional torch.compile plus breakable CUDA graphs with attention='break'",
               setup_compile_bcg_break, needs_cuda=True, torch_compile=True, bcg=True))
 register(Mode("compile_bcg_dynamic", "regional torch.compile with dynamic=True, then breakable CUDA graphs",
@@ -371,3 +414,4 @@ CUDA_ONLY = tuple(m.name for m in MODE_REGISTRY.values() if m.needs_cuda)
 COMPILED = tuple(m.name for m in MODE_REGISTRY.values() if m.torch_compile)
 BCG_MODES = tuple(m.name for m in MODE_REGISTRY.values() if m.bcg)
 EXCLUSIVE_MODES = tuple(m.name for m in MODE_REGISTRY.values() if m.exclusive)  # active in their own turn only
+CONTEXT_PARALLEL_MODES = tuple(m.name for m in MODE_REGISTRY.values() if m.with_context_parallel)

@@ -27,9 +27,14 @@ SUFFIXES = (".json", ".md", ".png")
 # Ratios of median step times reported per case where both modes ran: (numerator, denominator).
 RATIOS = (
     ("bcg", "whole_graph"),
+    ("bcg", "eager"),
     ("bcg_break", "whole_graph"),
     ("compile_bcg", "compile"),
     ("compile_bcg", "reduce_overhead"),
+    ("compile_bcg_all", "reduce_overhead"),
+    ("compile_bcg_all", "compile_all"),
+    ("compile_bcg_all", "compile_bcg"),
+    ("compile_all", "compile"),
     ("compile_full_bcg", "reduce_overhead"),
     ("compile_bcg", "partition_ceiling"),
     ("compile_bcg_break", "compile"),
@@ -88,12 +93,12 @@ def output_base(out_dir: Path, prefix: str = "bench_step") -> Path:
     return base
 
 
-def write_report(report: dict[str, Any], base: Path, chart: bool, log=None) -> list[Path]:
-    """Write ``base``.json and .md and, with ``chart``, .png; return the paths written. Without matplotlib
-    the chart is skipped with one line to ``log``."""
+def write_report(report: dict[str, Any], base: Path, chart: bool, log=None, markdown=None) -> list[Path]:
+    """Write ``base``.json and .md (``markdown(report)``, default :func:`markdown_report`) and, with ``chart``,
+    .png; return the paths written. Without matplotlib the chart is skipped with one line to ``log``."""
     json_path, md_path, png_path = (base.with_suffix(s) for s in SUFFIXES)
     json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    md_path.write_text(markdown_report(report))
+    md_path.write_text((markdown or markdown_report)(report))
     written = [json_path, md_path]
     if chart:
         try:
@@ -117,6 +122,10 @@ def _yes_no(value) -> str:
 
 
 def _short_note(note: str) -> str:
+    if "leftover children" in note:
+        return "regional + leftover children compiled"
+    if note.startswith("slowest of"):
+        return note
     if "compile_repeated_blocks" in note:
         return "regional: compile_repeated_blocks()"
     if "of each block" in note:
@@ -154,6 +163,14 @@ def _header(report: dict[str, Any]) -> list[str]:
         lines += ["", "Merged from " + "; ".join(
             f"`{m['file']}` ({'shard ' + m['shard'] + ': ' if m.get('shard') else ''}{', '.join(m['cases'])}, "
             f"{_f(m.get('total_s'), '{:.0f}')} s, commit {m.get('git_commit')})" for m in report["merged_from"]) + "."]
+    if report.get("ranks"):
+        ranks = report["ranks"]
+        lines += ["", f"Context parallel: {ranks['world_size']} ranks ({ranks['backend']}); every rank timed its own calls, "
+                  "the tables give the slowest rank's median (the JSON has each rank's)."]
+    if report.get("compile_cache"):
+        cc = report["compile_cache"]
+        lines += ["", f"Compile cache: {cc['where']} (Inductor folder {cc['inductor_folder']}, {cc['state_at_start']} "
+                  "at the start of this process)."]
     if report.get("not_run"):
         lines += ["", "Not run (time budget spent): " + ", ".join(report["not_run"]) + "."]
     if report.get("skipped_cases"):
@@ -199,8 +216,19 @@ def _cases_table(cases: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _parallel_note(case: dict[str, Any]) -> str:
+    cp = case.get("context_parallel")
+    if not cp:
+        return ""
+    fractions = case["modes"].get("eager", {}).get("per_rank_gpu_busy_fraction") or []
+    busy = ", ".join("n/a" if f is None else f"{f:.2f}" for f in fractions)
+    return (f"context parallel: {cp['kind']} x{cp['degree']}, times of the slowest rank"
+            + (f"; eager GPU-busy fraction per rank {busy}" if busy else ""))
+
+
 def _case_note(case: dict[str, Any]) -> str:
-    parts = [case.get("note") or "", case.get("variant_note") or "", case.get("error") or ""]
+    parts = [case.get("note") or "", _parallel_note(case), "resolution binning on" if case.get("resolution_binning") else "",
+             case.get("variant_note") or "", case.get("error") or ""]
     return "; ".join(p for p in parts if p).replace("\n", " ")
 
 

@@ -19,6 +19,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -27,6 +28,8 @@ import bcg_diffusion
 import pipelines
 from speedups import quiet_library_warnings, regional_compile
 
+from .compile_cache import ENV_KEYS, point_inductor_at
+from .probe import CallTimer
 from .timing import Clock
 from .trees import weight_sharing_copy
 
@@ -145,44 +148,6 @@ def tiny_shapes(family: str) -> list[tuple[int, int, int | None]]:
     return [(h, w, spec.tiny.num_frames), (h + m, w, spec.tiny.num_frames), (h, w + m, spec.tiny.num_frames)]
 
 
-class CallTimer:
-    """Times every call of a module (forward pre/post hooks): CUDA events on the current stream, or
-    ``perf_counter`` without CUDA."""
-
-    def __init__(self, module: torch.nn.Module, cuda: bool):
-        self.cuda = cuda
-        self.spans: list[tuple[Any, Any]] = []
-        self._start: Any = None
-        self._handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
-
-    def _stamp(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def _pre(self, _module, _args):
-        self._start = self._stamp()
-
-    def _post(self, _module, _args, _out):
-        self.spans.append((self._start, self._stamp()))
-
-    def take(self) -> list[float]:
-        """Seconds of the calls since the last ``take``."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            secs = [a.elapsed_time(b) / 1e3 for a, b in self.spans]
-        else:
-            secs = [b - a for a, b in self.spans]
-        self.spans = []
-        return secs
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
 def shape_call(pipe, family: str, size: str, shape, steps: int, batch: int) -> dict[str, Any]:
     h, w, f = shape
     call = pipelines.plan_call(family, size, prompt=PROMPT, height=h, width=w, num_frames=f, steps=steps)
@@ -229,13 +194,7 @@ class ShapeSettings:
 
 def _fresh_compile_cache(root: str, mode: str) -> str:
     """Point Inductor's caches (its FX graphs, AOT autograd and Triton kernels) at an empty folder."""
-    path = os.path.join(root, mode)
-    os.makedirs(path, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
-    clear = getattr(getattr(torch._inductor, "utils", None), "clear_caches", None)
-    if clear is not None:
-        clear()
-    return path
+    return point_inductor_at(Path(root) / mode)
 
 
 def run_mode(pipe, original, name: str, settings: ShapeSettings, clock: Clock, log, cache_root: str | None) -> dict:
@@ -301,7 +260,7 @@ def run_modes(pipe, modes: list[str], settings: ShapeSettings, clock: Clock, log
     original = pipe.transformer
     needs_cache = settings.fresh_compile_cache and clock.cuda and any(SHAPE_MODES[m].compiles for m in modes)
     cache_root = tempfile.mkdtemp(prefix="bench_shapes_inductor_") if needs_cache else None
-    cache_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    cache_env = {key: os.environ.get(key) for key in ENV_KEYS}
     t_start = time.perf_counter()
     try:
         for i, name in enumerate(modes):
@@ -315,11 +274,12 @@ def run_modes(pipe, modes: list[str], settings: ShapeSettings, clock: Clock, log
             report["total_s"] = time.perf_counter() - t_start
             on_mode_done()
     finally:
-        if cache_root is not None:  # the process's own cache folder again
-            if cache_env is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_env
+        if cache_root is not None:  # the process's own cache folders again
+            for key, value in cache_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
     report["total_s"] = time.perf_counter() - t_start
 
 

@@ -92,8 +92,8 @@ def kernel_summary(device_events: list[tuple[str, float, float]]) -> dict[str, A
             "gpu_busy_ms": busy_time([(start, end) for _, start, end in device_events]) / 1e3}
 
 
-def profile_kernels(fn: Callable[[], Any]) -> dict[str, Any]:
-    """Kernel count and GPU time of one call, from ``torch.profiler``'s CUDA events."""
+def profile_kernels(fn: Callable[[], Any], calls: int = 1) -> dict[str, Any]:
+    """Kernel count and GPU time per call, from ``torch.profiler``'s CUDA events over ``calls`` calls."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -101,7 +101,17 @@ def profile_kernels(fn: Callable[[], Any]) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle" and the like
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
+            for _ in range(calls):
+                fn()
             torch.cuda.synchronize()
     events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return kernel_summary(events)
+    return per_call(kernel_summary(events), calls)
+
+
+def per_call(summary: dict[str, Any], calls: int) -> dict[str, Any]:
+    """A :func:`kernel_summary` of ``calls`` calls as the figures of one call (``profiled_calls`` added)."""
+    if calls == 1:
+        return dict(summary, profiled_calls=1)
+    return {"kernels": round(summary["kernels"] / calls), "memory_ops": round(summary["memory_ops"] / calls),
+            "kernel_time_ms": summary["kernel_time_ms"] / calls, "gpu_busy_ms": summary["gpu_busy_ms"] / calls,
+            "profiled_calls": calls}
