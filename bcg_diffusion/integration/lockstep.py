@@ -101,6 +101,11 @@ def _shown(value: str) -> str:
     return repr(value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "...")
 
 
+def _who_has(ranks: list[int], value: str) -> str:
+    listed = ", ".join(map(str, ranks))
+    return f"rank {listed} has {_shown(value)}" if len(ranks) == 1 else f"ranks {listed} have {_shown(value)}"
+
+
 def _next_generation(group: str) -> int:
     with _generations_lock:
         generation = _generations.get(group, 0)
@@ -208,10 +213,7 @@ class RankAgreement:
         by_value: dict[str, list[int]] = {}
         for rank, v in enumerate(values):
             by_value.setdefault(v, []).append(rank)
-        parts = [
-            f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {'has' if len(ranks) == 1 else 'have'} {_shown(v)}"
-            for v, ranks in by_value.items()
-        ]
+        parts = [_who_has(ranks, v) for v, ranks in by_value.items()]
         raise RankDisagreementError(
             f"ranks disagree at {name!r} (agreement round {index}): {'; '.join(parts)}. Every rank must "
             "get the same inputs (seeds, prompts, shapes), configuration and weights (LoRA loads)",
@@ -287,19 +289,23 @@ class RankAgreement:
         if self._blocking:
             try:
                 return self._store.multi_get(keys)  # blocks until all are there, or first_wait_s
-            except Exception as exc:  # noqa: BLE001 - DistStoreError on timeout; anything else shows below
-                if "timeout" not in str(exc).lower():
-                    raise
+            except Exception as exc:  # noqa: BLE001 - a timeout (DistStoreError); a lost store fails below too
+                logger.debug("bcg: agreement round %d not complete after %.2f s: %s", index, self.first_wait_s, exc)
         pause = 0.0002
         while True:
             if self._store.check(keys):
-                return self._store.multi_get(keys) if hasattr(self._store, "multi_get") else [self._store.get(k) for k in keys]
+                return self._read(keys)
             if self._store.check([self._abort_key()]):
                 self._fail_aborted(self._store.get(self._abort_key()))
             if time.monotonic() >= deadline:
                 self._fail_timeout(index, name, keys)
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
+
+    def _read(self, keys: list[str]) -> list[bytes]:
+        if hasattr(self._store, "multi_get"):
+            return self._store.multi_get(keys)
+        return [self._store.get(k) for k in keys]
 
     def _fail_aborted(self, payload: bytes) -> None:
         info = json.loads(payload[1:].decode())
