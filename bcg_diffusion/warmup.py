@@ -90,6 +90,10 @@ def warmup(
     its own generator. Afterwards the global RNG states, every scheduler's state and the step-cache
     hooks are as before, so later calls produce exactly what they would have without warm-up.
 
+    Call it in the grad mode of the calls it warms: ``torch.inference_mode()`` and a plain call
+    (diffusers' ``no_grad``) are different graph keys, so a warm-up outside ``inference_mode`` does
+    not serve calls made inside it.
+
     Works with or without acceleration (it then warms compiled code and library set-up only).
     Raises ``TypeError``/``ValueError`` for settings the pipeline does not take, before any call.
     """

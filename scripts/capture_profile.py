@@ -187,7 +187,8 @@ def profile_case(case: dict, out_dir: Path, steps: int, log) -> dict:
     bcg_diffusion.accelerate_pipeline(pipe)
     shape = {k: call[k] for k in ("height", "width", "num_frames") if k in call}
     rest = {k: v for k, v in call.items() if k not in shape and k != "num_inference_steps"}
-    report = bcg_diffusion.warmup(pipe, [shape], output_type="latent", **{k: v for k, v in rest.items() if k != "output_type"})
+    with torch.inference_mode():  # the mode of run_image's calls: grad mode is part of a graph key
+        report = bcg_diffusion.warmup(pipe, [shape], output_type="latent", **{k: v for k, v in rest.items() if k != "output_type"})
     res["warmup_s"], res["warmup_captures"] = report.total_s, report.captures
     warm_steps: list = []
     profiler = cProfile.Profile()

@@ -515,7 +515,8 @@ def warm_up(pipe, plan: Plan, call: dict[str, Any], before: str, setup: SetUp, a
     print(f"warm-up before the {before} run: bcg_diffusion.warmup at {sizes} "
           f"({'WxHxframes' if plan.is_video else 'WxH'}) ...", flush=True)
     try:
-        report = bcg_diffusion.warmup(pipe, plan.warmup, **settings)
+        with torch.inference_mode():  # as the timed runs (timed_run.run_pipeline): grad mode is part of a graph key
+            report = bcg_diffusion.warmup(pipe, plan.warmup, **settings)
     except Exception as exc:  # noqa: BLE001
         raise Failure(1, f"error: --warmup: {type(exc).__name__}: {exc}") from exc
     print(textwrap.indent(str(report), "  "), flush=True)
