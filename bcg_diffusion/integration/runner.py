@@ -21,7 +21,7 @@ from ..config import BCGConfig
 from ..core.copy_back import BreakOutputMismatchError
 from ..core.tree import tree_map
 from .eager_modules import EagerModules
-from ..errors import AccelerationError
+from ..errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
 from ..families import TransformerInfo
 from .hooked_modules import HookedModules
@@ -144,6 +144,8 @@ class GraphRunner:
         self._last_stream = current
 
     def _follow_structure(self) -> None:
+        if getattr(self.module, "_parallel_config", None) is not None:  # enable_parallelism after accelerating
+            raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(self.module).__name__))
         structure = self.state.structure()
         if structure is self._structure:
             return

@@ -58,9 +58,9 @@ def _chronoedit(m: InputMaker) -> dict[str, Any]:
     return _text_video(m, (1, 16, 2, 8, 8), 12, 32, encoder_hidden_states_image=None)
 
 
-HELIOS = dict(WAN_LIKE, rope_dim=(4, 4, 4), has_multi_term_memory_patch=True, guidance_cross_attn=True,
-              zero_history_timestep=True, is_amplify_history=False)
-HELIOS.pop("rope_max_seq_len")
+HELIOS = {k: v for k, v in WAN_LIKE.items() if k != "rope_max_seq_len"} | dict(  # Helios takes rope_dim instead
+    rope_dim=(4, 4, 4), has_multi_term_memory_patch=True, guidance_cross_attn=True, zero_history_timestep=True,
+    is_amplify_history=False)
 
 
 def _helios(m: InputMaker) -> dict[str, Any]:
