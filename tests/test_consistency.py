@@ -37,7 +37,7 @@ def test_bcg_diffusion_imports_without_cuda_bindings():
 def _readme_families() -> list[str]:
     """The backticked names of README.md's "Supported families" paragraph, in order."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("Supported families")
+    start = text.index("Families with per-family builders")
     paragraph = text[start:text.index("\n\n", start)]
     return [name for name in re.findall(r"`([a-z0-9]+)`", paragraph) if name != "pipelines"]
 
