@@ -875,11 +875,13 @@ def test_torch_ranks_agree_and_gather_over_gloo(tmp_path):
         "ranks = TorchRanks(cuda=False)\n"
         "agreed = ranks.agree({'iters': 10 + ranks.rank})\n"
         "gathered = ranks.gather({'rank': ranks.rank, 'median_ms': 1.0 + ranks.rank})\n"
-        "print('RESULT ' + json.dumps([ranks.rank, ranks.world, agreed, gathered]), flush=True)\n"
+        f"out = {str(tmp_path)!r}\n"
+        "open(f'{out}/rank{ranks.rank}.json', 'w').write(json.dumps([ranks.rank, ranks.world, agreed, gathered]))\n"
         "ranks.close()\n")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           str(script)], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    results = sorted(json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines() if "RESULT " in line)
+    # one file per rank: two ranks printing to one stdout can interleave on a line
+    results = sorted(json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     gathered = [{"rank": 0, "median_ms": 1.0}, {"rank": 1, "median_ms": 2.0}]
     assert results == [[0, 2, {"iters": 10}, gathered], [1, 2, {"iters": 10}, gathered]]
