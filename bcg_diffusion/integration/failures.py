@@ -20,7 +20,6 @@ import os
 import sysconfig
 import types
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
