@@ -22,10 +22,13 @@ class Block(torch.nn.Module):
         self.proj = torch.nn.Linear(4, 4)
         self.fail = fail
 
+    def route(self, x):  # a MoE router's host work, say
+        return x
+
     def forward(self, x):
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
-        return self.proj(x)
+        return self.proj(self.route(x))
 
 
 class Rope(torch.nn.Module):
@@ -109,6 +112,25 @@ def test_a_second_failing_instance_makes_the_class_eager():
     assert second == "every Block (2 modules)" and sorted(ctx.eager_modules.names) == ["blocks.0", "blocks.1"]
     ctx.eager_modules.restore()
     assert "forward" not in model.blocks[0].__dict__ and "forward" not in model.blocks[1].__dict__
+
+
+def test_a_method_failing_in_a_second_instance_is_made_eager_in_every_instance():
+    model = Model()
+    ctx = _ctx(model)
+    narrowed = []
+    first = entries._narrow(ctx, failures.FailureSite("method", path="blocks.0", name="route", owner_class="Block"),
+                            narrowed)
+    assert first == "blocks.0.route()" and ctx.eager_modules.names == ["blocks.0.route()"]
+    narrowed.append(first)
+    second = entries._narrow(ctx, failures.FailureSite("method", path="blocks.1", name="route", owner_class="Block"),
+                             narrowed)
+    assert second == "route() of every Block (2 modules)"
+    assert sorted(ctx.eager_modules.names) == ["blocks.0.route()", "blocks.1.route()"]
+    assert ctx.eager_modules.method_paths("Block", "route") == ["blocks.0", "blocks.1"]
+    x = torch.randn(2, 4)
+    assert torch.equal(model.blocks[1](x), model.blocks[1].proj(x))  # outside a capture: a plain call
+    ctx.eager_modules.restore()
+    assert all("route" not in block.__dict__ for block in model.blocks)
 
 
 def test_narrowing_stops_where_nothing_smaller_can_run_eagerly():

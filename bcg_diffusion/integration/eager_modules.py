@@ -45,6 +45,11 @@ class EagerModules:
         self._methods[label] = (module, name, previous)
         return label
 
+    def method_paths(self, class_name: str, name: str) -> list[str]:
+        """Paths of the modules of class ``class_name`` whose method ``name`` already is an eager break."""
+        return [label[: -len(name) - 2].rstrip(".") for label, (module, method, _) in self._methods.items()
+                if method == name and type(module).__name__ == class_name]
+
     def add_function(self, module_name: str, name: str) -> str:
         """Make function ``name`` of Python module ``module_name`` an eager break where it is
         called by that name (the patch is undone by :meth:`restore`)."""
@@ -61,7 +66,7 @@ class EagerModules:
         module = self._root.get_submodule(name) if name else self._root
         previous = module.__dict__.get("forward", _MISSING)
         self._saved[name] = (module, previous)
-        module.forward = eager_on_graph(_bound_forward(module))
+        module.forward = eager_on_graph(_named(module.forward, f"{type(module).__name__}.forward"))
 
     def resolve(self, patterns: tuple[str, ...]) -> list[str]:
         """Qualified names of submodules matching ``patterns`` (a qualified name or a class name).
@@ -104,18 +109,9 @@ class EagerModules:
 
 
 def _named(fn: Callable, qualname: str) -> Callable:
+    """``fn`` behind a wrapper whose ``__qualname__`` is ``qualname`` (what logs and profiles show)."""
     def run(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
     run.__qualname__ = qualname
-    return run
-
-
-def _bound_forward(module: torch.nn.Module) -> Callable:
-    forward = module.forward
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return forward(*args, **kwargs)
-
-    run.__qualname__ = f"{type(module).__name__}.forward"
     return run

@@ -219,7 +219,17 @@ def _narrow(ctx: CaptureContext, site: failures.FailureSite | None, narrowed: li
         return site.path
     if site.kind == "method":
         label = f"{site.path + '.' if site.path else ''}{site.name}()"
-        return None if label in eager.names else eager.add_method(site.path, site.name)
+        if label in eager.names:
+            return None
+        if eager.method_paths(site.owner_class, site.name):
+            # a second instance fails in the same method (every MoE block, say): every instance
+            paths = [p for p in failures.instances_of(root, site.owner_class)
+                     if f"{p}.{site.name}()" not in eager.names] or [site.path]
+            for path in paths:
+                eager.add_method(path, site.name)
+            total = len(eager.method_paths(site.owner_class, site.name))
+            return f"{site.name}() of every {site.owner_class} ({total} modules)"
+        return eager.add_method(site.path, site.name)
     if site.kind == "function":
         label = f"{site.module_name}.{site.name}()"
         return None if label in eager.names else eager.add_function(site.module_name, site.name)
