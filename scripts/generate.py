@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
+from cli_options import Failure, add_model_options  # noqa: E402
 from cache_quant import apply_cache, apply_quant, cache_passes, check_cache_option, torchao_problem  # noqa: E402
 from pipelines.caches import CACHE_HELP, reset_cache_state  # noqa: E402
 from pipelines.quant import QUANT_HELP, QUANT_NAMES  # noqa: E402
@@ -56,14 +57,6 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-class Failure(Exception):
-    """A run that stops with ``message`` on stderr and exit code ``code``."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="generate.py",
@@ -71,16 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "graphs (BCG). With no arguments: the tiny random-weight Flux pipeline, a few seconds on a CPU.",
         epilog="See docs/generate.md for examples.",
     )
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a family of the pipelines registry (random weights; --list-models shows them), or a local "
-                   f"pipeline folder / hub id (org/name) for real weights (default: {DEFAULT_MODEL})")
-    g.add_argument("--size", choices=pipelines.SIZES, default="tiny",
-                   help="tiny: a few-layer model for CPUs and tests; full: the published architecture (default: tiny)")
-    g.add_argument("--yes", action="store_true", help="build --size full even without CUDA (needs tens of GiB)")
-    g.add_argument("--list-models", action="store_true", help="list the families and exit")
-    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    g.add_argument("--dtype", choices=pipelines.DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    add_model_options(p, DEFAULT_MODEL, list_models=True)
     g = p.add_argument_group("generation")
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt")
     g.add_argument("--negative-prompt", default=None, help="negative prompt (used by CFG families)")

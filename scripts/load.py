@@ -34,13 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: serving
 
+from serving.load_mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # noqa: E402  (stdlib only)
+
 try:
     import httpx  # noqa: F401,E402
 except ModuleNotFoundError as exc:
     MISSING: str | None = f"{exc}; install the load test's packages with: pip install -e \".[serve]\""
 else:
     MISSING = None
-    from serving.load_mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # noqa: E402
     from serving.load_report import cross_check, format_report, latency_ratios, summarize  # noqa: E402
     from serving.load_run import check_loopback, get_stats, run_load  # noqa: E402
     from serving.requests import RequestError, parse_size  # noqa: E402

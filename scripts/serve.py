@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
+from cli_options import Failure, add_model_options  # noqa: E402
 from speedups import quiet_library_warnings, regional_compile  # noqa: E402
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
@@ -62,29 +63,13 @@ CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
 CHECKPOINT_DEFAULT_STEPS = 28
 
 
-class Failure(Exception):
-    """Start-up stops with ``message`` on stderr and exit code ``code``."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="serve.py",
         description="Serve one diffusers DiT pipeline with the OpenAI images API (POST /v1/images/generations), "
         "eagerly or with breakable CUDA graphs. GET /stats and GET /health. See docs/serving.md.",
     )
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=DEFAULT_MODEL,
-                   help="a family of the pipelines registry (random weights), or a local pipeline folder / hub id "
-                   f"(org/name) for real weights (default: {DEFAULT_MODEL}); image families only")
-    g.add_argument("--size", choices=pipelines.SIZES, default="tiny",
-                   help="tiny: a few-layer model (CPUs, tests); full: the published architecture (default: tiny)")
-    g.add_argument("--yes", action="store_true", help="build --size full even without CUDA (needs tens of GiB)")
-    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    g.add_argument("--dtype", choices=pipelines.DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    add_model_options(p, DEFAULT_MODEL, which="; image families only")
     g = p.add_argument_group("speed")
     g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
     g.add_argument("--compile", action="store_true",

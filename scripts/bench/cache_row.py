@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 import bcg_diffusion
-import pipelines
 from cache_quant import apply_cache, cache_passes
 from pipelines.caches import cache_unsupported_reason, disable_cache, reset_cache_state
 from speedups import quiet_library_warnings, regional_compile
 
 from .row_base import Row, fmt, yes_no
+from .images import SeededImages
 from .timing import Clock
 from .trees import weight_sharing_copy
 
@@ -54,18 +54,8 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
 
 
-class _Calls:
+class _Calls(SeededImages):
     """Full ``pipe(...)`` calls of the row: same call and seed each time, decoded output as numpy."""
-
-    def __init__(self, pipe, call: dict[str, Any], seed: int, clock: Clock):
-        self.pipe, self.call, self.seed, self.clock = pipe, call, seed, clock
-        self.device = "cuda" if clock.cuda else "cpu"
-
-    def image(self, **overrides) -> np.ndarray:
-        with torch.inference_mode():
-            out = self.pipe(**{**self.call, **overrides}, generator=torch.Generator(self.device).manual_seed(self.seed),
-                            output_type="np")
-        return np.asarray(pipelines.generated(out))
 
     def timed(self, counted: bool = True) -> tuple[float, np.ndarray, dict[str, int] | None]:
         """Seconds, output and cache passes of one call from a fresh cache state."""

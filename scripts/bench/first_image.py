@@ -33,13 +33,13 @@ import numpy as np
 import torch
 
 import bcg_diffusion
-import pipelines
 from speedups import quiet_library_warnings, regional_compile, regional_compile_all
 
 from .compile_cache import mode_cache
 from .e2e_row import asked_size
 from .probe import CallTimer, first_step_summary, step_times
 from .row_base import Row, fmt, yes_no
+from .images import SeededImages
 from .timing import Clock
 from .trees import weight_sharing_copy
 
@@ -105,18 +105,8 @@ def _jsonable(value):
     return str(value)
 
 
-class _Images:
+class _Images(SeededImages):
     """Whole ``pipe(...)`` calls of the row, each timed, its transformer calls timed by ``timer``."""
-
-    def __init__(self, pipe, call: dict[str, Any], seed: int, clock: Clock):
-        self.pipe, self.call, self.seed, self.clock = pipe, call, seed, clock
-        self.device = "cuda" if clock.cuda else "cpu"
-
-    def image(self, **overrides) -> np.ndarray:
-        with torch.inference_mode():
-            out = self.pipe(**{**self.call, **overrides}, generator=torch.Generator(self.device).manual_seed(self.seed),
-                            output_type="np")
-        return np.asarray(pipelines.generated(out))
 
     def timed(self, timer: CallTimer) -> tuple[dict[str, Any], np.ndarray]:
         timer.take()

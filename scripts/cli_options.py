@@ -1,0 +1,35 @@
+"""What ``generate.py`` and ``serve.py`` share on their command lines: the model options and :class:`Failure`."""
+
+from __future__ import annotations
+
+import argparse
+
+import pipelines
+
+
+class Failure(Exception):
+    """A run that stops with ``message`` on stderr and exit code ``code``."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def add_model_options(p: argparse.ArgumentParser, default_model: str, *, which: str = "",
+                      list_models: bool = False) -> argparse._ArgumentGroup:
+    """The ``model`` group: ``--model``, ``--size``, ``--yes``, ``--device``, ``--dtype`` (and ``--list-models``);
+    ``which`` narrows the families ``--model`` takes (e.g. "; image families only")."""
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=default_model,
+                   help="a family of the pipelines registry (random weights"
+                   + ("; --list-models shows them" if list_models else "")
+                   + f"), or a local pipeline folder / hub id (org/name) for real weights (default: {default_model})"
+                   + which)
+    g.add_argument("--size", choices=pipelines.SIZES, default="tiny",
+                   help="tiny: a few-layer model for CPUs and tests; full: the published architecture (default: tiny)")
+    g.add_argument("--yes", action="store_true", help="build --size full even without CUDA (needs tens of GiB)")
+    if list_models:
+        g.add_argument("--list-models", action="store_true", help="list the families and exit")
+    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    g.add_argument("--dtype", choices=pipelines.DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    return g
