@@ -208,6 +208,19 @@ def _clone_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
+def reset_generators() -> None:
+    """After a failed ``torch.cuda.graph`` capture, torch's CUDA generators can still believe they capture,
+    and every later random op (the next case's weight init) raises "Offset increment outside graph
+    capture". An empty capture runs their prologue and epilogue again, which resets that."""
+    try:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            empty = torch.cuda.CUDAGraph()
+            empty.capture_begin(capture_error_mode="relaxed")
+            empty.capture_end()
+    except Exception as exc:  # noqa: BLE001 - the next case reports its own error
+        print(f"    could not reset the CUDA generators after the failed capture: {error_text(exc)}", flush=True)
+
+
 def run_whole_graph(model, kwargs, reference, clock: Clock, args, cuda: bool) -> dict[str, Any]:
     """One ``torch.cuda.CUDAGraph`` of the whole call: warm-up on a side stream (as torch's docs say), capture
     with static inputs; each timed call copies the live inputs in and replays."""
@@ -234,6 +247,7 @@ def run_whole_graph(model, kwargs, reference, clock: Clock, args, cuda: bool) ->
                 torch.cuda.synchronize()
             except Exception:  # noqa: BLE001
                 pass
+            reset_generators()
             return {"status": "not capturable", "reason": f"not capturable: {capture_error_text(exc)}"}
         torch.cuda.synchronize()
         record: dict[str, Any] = {"status": "ok", "capture_s": time.perf_counter() - t0}

@@ -50,9 +50,15 @@ class Model(torch.nn.Module):
     def patchify(self, x):
         raise RuntimeError("host tensor")
 
+    @torch.no_grad()
+    def decorated(self, x):  # HiDream's moe_infer is a @torch.no_grad() method
+        raise RuntimeError("host tensor in a decorated method")
+
     def forward(self, x):
         if self.where == "method":
             self.patchify(x)
+        if self.where == "decorated_method":
+            self.decorated(x)
         if self.where == "child_method":
             self.rope.coords(x)
         if self.where == "function":
@@ -83,6 +89,7 @@ def _site(where):
     [
         ("block", "module", "blocks.0", ""),
         ("method", "method", "", "patchify"),
+        ("decorated_method", "method", "", "decorated"),
         ("child_method", "method", "rope", "coords"),
         ("function", "function", "", "host_value"),
         ("inline", "root", "", ""),

@@ -16,6 +16,7 @@ capture retries with a smaller eager part (see :func:`locate`):
 
 from __future__ import annotations
 
+import inspect
 import os
 import sysconfig
 import types
@@ -110,7 +111,7 @@ def locate(exc: BaseException, root: torch.nn.Module) -> FailureSite | None:
                     return FailureSite("root", owner_class=type(owner).__name__)
                 return FailureSite("module", path=path, owner_class=type(owner).__name__)
             method = getattr(type(owner), code.co_name, None)
-            if getattr(method, "__code__", None) is code:
+            if getattr(_unwrapped(method), "__code__", None) is code:  # also under @torch.no_grad() and the like
                 return FailureSite("method", path=path, name=code.co_name, owner_class=type(owner).__name__)
             continue
         caller = _caller(frames, position)
@@ -119,6 +120,14 @@ def locate(exc: BaseException, root: torch.nn.Module) -> FailureSite | None:
             if getattr(function, "__code__", None) is code:
                 return FailureSite("function", name=code.co_name, module_name=caller.f_globals.get("__name__", ""))
     return None
+
+
+def _unwrapped(function):
+    """``function`` without the decorators that keep ``__wrapped__`` (``functools.wraps``)."""
+    try:
+        return inspect.unwrap(function) if callable(function) else function
+    except ValueError:  # a __wrapped__ cycle
+        return function
 
 
 def _caller(frames: list[types.FrameType], position: int) -> types.FrameType | None:
