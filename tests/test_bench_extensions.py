@@ -885,3 +885,18 @@ def test_torch_ranks_agree_and_gather_over_gloo(tmp_path):
     results = sorted(json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     gathered = [{"rank": 0, "median_ms": 1.0}, {"rank": 1, "median_ms": 2.0}]
     assert results == [[0, 2, {"iters": 10}, gathered], [1, 2, {"iters": 10}, gathered]]
+
+
+def test_the_first_image_row_warms_up_in_the_grad_mode_of_its_images(monkeypatch):
+    """A warm-up outside ``inference_mode`` captures other keys than the row's images use (void rows, 2026-12-01)."""
+    import bcg_diffusion
+    from bench import first_image
+    from bench.images import SeededImages
+
+    modes = []
+    monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: modes.append(torch.is_inference_mode_enabled()))
+    images = SeededImages(types.SimpleNamespace(), {"height": 64, "width": 64, "num_inference_steps": 2}, 0,
+                          types.SimpleNamespace(cuda=False))
+    mode = first_image.FirstImageMode("bcg_warmup", "warm-up only", warmup=True)
+    first_image._set_up(mode, images, {})
+    assert modes == [True]  # SeededImages.image runs the row's calls under inference_mode too

@@ -130,7 +130,8 @@ def _set_up(mode: FirstImageMode, images: _Images, entry: dict[str, Any]) -> Non
     if mode.warmup:
         shape = {k: images.call[k] for k in SHAPE_KEYS if k in images.call}
         rest = {k: v for k, v in images.call.items() if k not in SHAPE_KEYS and k != "num_inference_steps"}
-        report = getattr(bcg_diffusion, WARMUP_API)(pipe, [shape], **rest)
+        with torch.inference_mode():  # the grad mode of the row's images (SeededImages): the same graph keys
+            report = getattr(bcg_diffusion, WARMUP_API)(pipe, [shape], **rest)
         entry["warmup"] = {"total_s": _jsonable(getattr(report, "total_s", None)),
                            "captures": _jsonable(getattr(report, "captures", None)), "text": str(report)[:600]}
         notes.append(f"bcg_diffusion.warmup(pipe, [{shape}], **call) with its default steps")
