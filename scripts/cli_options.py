@@ -1,8 +1,10 @@
-"""What ``generate.py`` and ``serve.py`` share on their command lines: the model options and :class:`Failure`."""
+"""What ``generate.py`` and ``serve.py`` share on their command lines: the model options, reading ``--model``
+and :class:`Failure`."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pipelines
 
@@ -33,3 +35,13 @@ def add_model_options(p: argparse.ArgumentParser, default_model: str, *, which: 
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=pipelines.DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
     return g
+
+
+def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
+    """The family spec of ``model``, or ``None`` for a local folder or hub id (``parser.error`` otherwise)."""
+    if model in pipelines.list_families():
+        return pipelines.get_family(model)
+    if Path(model).expanduser().exists() or "/" in model or "\\" in model:
+        return None
+    parser.error(f"--model: unknown family {model!r}; known families: {', '.join(pipelines.list_families())} "
+                 "(or give a local pipeline folder or a hub id such as org/name)")

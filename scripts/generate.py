@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
-from cli_options import Failure, add_model_options  # noqa: E402
+from cli_options import Failure, add_model_options, family_or_checkpoint  # noqa: E402
 from cache_quant import apply_cache, apply_quant, cache_passes, check_cache_option, torchao_problem  # noqa: E402
 from pipelines.caches import CACHE_HELP, reset_cache_state  # noqa: E402
 from pipelines.quant import QUANT_HELP, QUANT_NAMES  # noqa: E402
@@ -181,16 +181,6 @@ def choose_device(args, parser: argparse.ArgumentParser) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device} asks for CUDA, but torch sees no CUDA device")
     return device
-
-
-def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
-    """The family spec of ``model``, or ``None`` for a local folder or hub id (``parser.error`` otherwise)."""
-    if model in pipelines.list_families():
-        return pipelines.get_family(model)
-    if Path(model).expanduser().exists() or "/" in model or "\\" in model:
-        return None
-    parser.error(f"--model: unknown family {model!r}; known families: {', '.join(pipelines.list_families())} "
-                 "(or give a local pipeline folder or a hub id such as org/name)")
 
 
 def output_path(args, parser, model_name: str, size: str, is_video: bool) -> Path:

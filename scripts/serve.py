@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
-from cli_options import Failure, add_model_options  # noqa: E402
+from cli_options import Failure, add_model_options, family_or_checkpoint  # noqa: E402
 from speedups import quiet_library_warnings, regional_compile  # noqa: E402
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
@@ -139,16 +139,6 @@ def is_loopback(host: str) -> bool:
     with contextlib.suppress(ValueError):
         return ipaddress.ip_address(host).is_loopback
     return host == "localhost"
-
-
-def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
-    """The family spec of ``model``; ``None`` for a local folder or hub id; ``parser.error`` otherwise."""
-    if model in pipelines.list_families():
-        return pipelines.get_family(model)
-    if Path(model).expanduser().exists() or "/" in model or "\\" in model:
-        return None
-    parser.error(f"--model: unknown family {model!r}; known families: {', '.join(pipelines.list_families())} "
-                 "(or give a local pipeline folder or a hub id such as org/name)")
 
 
 def check_image_family(spec, parser: argparse.ArgumentParser) -> None:
