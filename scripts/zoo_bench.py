@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: bench.timi
 import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
+from bcg_diffusion.core import reset_generator_capture_state  # noqa: E402
 from bench.timing import Clock, profile_kernels, summarize  # noqa: E402
 from pipelines.zoo import full  # noqa: E402
 from zoo_probe import _entry_summary, compare, listening, snapshot, stats_dict  # noqa: E402
@@ -211,12 +212,9 @@ def _clone_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
 def reset_generators() -> None:
     """After a failed ``torch.cuda.graph`` capture, torch's CUDA generators can still believe they capture,
     and every later random op (the next case's weight init) raises "Offset increment outside graph
-    capture". An empty capture runs their prologue and epilogue again, which resets that."""
+    capture": the capture core's reset clears that."""
     try:
-        with torch.cuda.stream(torch.cuda.Stream()):
-            empty = torch.cuda.CUDAGraph()
-            empty.capture_begin(capture_error_mode="relaxed")
-            empty.capture_end()
+        reset_generator_capture_state()
     except Exception as exc:  # noqa: BLE001 - the next case reports its own error
         print(f"    could not reset the CUDA generators after the failed capture: {error_text(exc)}", flush=True)
 

@@ -8,7 +8,7 @@ import torch
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
 from bcg_diffusion.integration import attention_breaks, fingerprint
-from bcg_diffusion.integration.keys import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.integration.keys import GRAD_MODE_FIELDS, GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
 from bcg_diffusion.families import TransformerInfo
 from bcg_diffusion.integration.text_buckets import bucket_for, pad_text_to_bucket
 
@@ -53,6 +53,20 @@ def test_keys_capture_shapes_values_and_nesting():
     assert "args[0]: tensor[2, 3] float32 cpu -> tensor[4, 3] float32 cpu" in GraphKey(fields3, (), 0).difference(key1)
     assert GraphKey(fields, (), 1).difference(key1).startswith("weights")
     assert GraphKey(fields, (), 0) == key1
+
+
+def test_keys_that_differ_only_in_grad_mode_are_recognised():
+    fields, _ = flatten_inputs((torch.zeros(2, 3),), {"t": torch.ones(2)})
+    state = (("grad_enabled", False), ("inference_mode", False), ("training", False))
+    inference = (("grad_enabled", False), ("inference_mode", True), ("training", False))
+    training = (("grad_enabled", False), ("inference_mode", True), ("training", True))
+    warmed = GraphKey(fields, state, 0)
+    assert GraphKey(fields, inference, 0).differs_only_in(warmed, GRAD_MODE_FIELDS) == ("inference_mode",)
+    assert GraphKey(fields, training, 0).differs_only_in(warmed, GRAD_MODE_FIELDS) == ()  # training differs too
+    assert GraphKey(fields, inference, 1).differs_only_in(warmed, GRAD_MODE_FIELDS) == ()  # other weights
+    other, _ = flatten_inputs((torch.zeros(4, 3),), {"t": torch.ones(2)})
+    assert GraphKey(other, inference, 0).differs_only_in(warmed, GRAD_MODE_FIELDS) == ()  # another shape
+    assert warmed.differs_only_in(warmed, GRAD_MODE_FIELDS) == ()  # the same key
 
 
 def test_rebuild_replaces_tensors_in_order():

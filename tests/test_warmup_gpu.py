@@ -59,3 +59,17 @@ def test_capture_phases_are_reported():
     assert phases["blas_workspace"] <= phases["setup"]
     assert stats.warmup_calls == 1 and "first calls" in str(stats)
     bcg.remove_acceleration(pipe)
+
+
+def test_a_call_in_another_grad_mode_than_the_warm_up_warns_once():
+    family = "pixart"
+    pipe = build(family)
+    bcg.accelerate_pipeline(pipe)
+    bcg.warmup(pipe, [_shape(family)], **_warm_settings(family))  # outside inference_mode
+    with pytest.warns(bcg.BCGCaptureWarning, match="only difference from a captured one is the grad mode") as caught:
+        with torch.inference_mode():
+            run(pipe, family)
+            run(pipe, family)
+    grad_mode = [w for w in caught if "grad mode" in str(w.message)]
+    assert len(grad_mode) == 1 and "inference_mode=True" in str(grad_mode[0].message)
+    bcg.remove_acceleration(pipe)

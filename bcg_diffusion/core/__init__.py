@@ -12,6 +12,7 @@ from .capture import (
     clear_blas_workspaces,
     eager_on_graph,
     is_capturing_breakable,
+    reset_generator_capture_state,
     returns_boxed_tuples_under_capture,
 )
 from .copy_back import BreakOutputMismatchError, copy_into
@@ -37,6 +38,7 @@ __all__ = [
     "is_capturing_breakable",
     "non_owning_view",
     "replay_token_scope",
+    "reset_generator_capture_state",
     "returns_boxed_tuples_under_capture",
     "stream_capture_status",
     "unbox_tuple",

@@ -209,7 +209,7 @@ def _end_failed_capture(segment: torch.cuda.CUDAGraph, stream: Any, pool: Any) -
         _cudart.abandon_capture(stream)
     finally:
         _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
-    _reset_generator_capture_state(stream.device)
+    reset_generator_capture_state(stream.device)
 
 
 def _stop_allocating_to(pool: Any, stream: Any) -> None:
@@ -232,13 +232,13 @@ def _begin_capture(graph: torch.cuda.CUDAGraph, pool: Any, mode: str, stream: An
             _cudart.abandon_capture(stream)
         finally:
             _cudart.cudart().cudaGetLastError()
-        _reset_generator_capture_state(stream.device)
+        reset_generator_capture_state(stream.device)
         raise
 
 
-def _reset_generator_capture_state(device: torch.device) -> None:
-    """After a capture whose ``capture_end`` failed, torch's CUDA generators still believe they are
-    capturing (every later random op would raise). An empty capture runs their prologue and
+def reset_generator_capture_state(device: torch.device | int | None = None) -> None:
+    """After a capture whose ``capture_end`` failed (ours or a plain ``torch.cuda.graph``), torch's
+    CUDA generators still believe they are capturing (every later random op would raise). An empty capture runs their prologue and
     epilogue again, which resets that flag."""
     with torch.cuda.stream(torch.cuda.Stream(device)), warnings.catch_warnings():
         warnings.simplefilter("ignore")

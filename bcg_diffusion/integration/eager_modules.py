@@ -25,7 +25,7 @@ class EagerModules:
     def __init__(self, root: torch.nn.Module) -> None:
         self._root = root
         self._saved: dict[str, tuple[torch.nn.Module, Any]] = {}
-        self._methods: dict[str, tuple[torch.nn.Module, str, Any]] = {}
+        self._methods: dict[str, tuple[str, torch.nn.Module, str, Any]] = {}  # label -> path, module, name, previous
         self._functions: dict[str, Callable[[], None]] = {}
 
     @property
@@ -42,12 +42,12 @@ class EagerModules:
         bound = getattr(module, name)
         wrapped = torch._dynamo.disable(eager_on_graph(_named(bound, f"{type(module).__name__}.{name}")))
         object.__setattr__(module, name, wrapped)
-        self._methods[label] = (module, name, previous)
+        self._methods[label] = (path, module, name, previous)
         return label
 
     def method_paths(self, class_name: str, name: str) -> list[str]:
         """Paths of the modules of class ``class_name`` whose method ``name`` already is an eager break."""
-        return [label[: -len(name) - 2].rstrip(".") for label, (module, method, _) in self._methods.items()
+        return [path for path, module, method, _ in self._methods.values()
                 if method == name and type(module).__name__ == class_name]
 
     def add_function(self, module_name: str, name: str) -> str:
@@ -97,7 +97,7 @@ class EagerModules:
             else:
                 module.forward = previous
         self._saved.clear()
-        for module, name, previous in self._methods.values():
+        for _, module, name, previous in self._methods.values():
             if previous is _MISSING:
                 module.__dict__.pop(name, None)
             else:

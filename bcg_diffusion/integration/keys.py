@@ -57,6 +57,21 @@ class GraphKey:
             return "weights (parameters, buffers or adapters changed)"
         return "nothing"
 
+    def differs_only_in(self, other: "GraphKey", fields: tuple[str, ...]) -> tuple[str, ...]:
+        """The ``state`` fields among ``fields`` in which ``self`` differs from ``other``, when the
+        two keys are otherwise equal (inputs, the other state fields, weights); ``()`` otherwise."""
+        if self.inputs != other.inputs or self.weights != other.weights or len(self.state) != len(other.state):
+            return ()
+        differing = []
+        for (name, value), (other_name, old) in zip(self.state, other.state):
+            if name != other_name:
+                return ()
+            if value != old:
+                if name not in fields:
+                    return ()
+                differing.append(name)
+        return tuple(differing)
+
     def summary(self) -> str:
         """Short description: the tensor inputs and their shapes."""
         return ", ".join(f"{p}={v}" for p, v in self.inputs if isinstance(v, TensorSpec))
@@ -209,6 +224,9 @@ _SWITCHES: tuple[tuple[str, Any], ...] = (
     ("sdp.math", torch.backends.cuda.math_sdp_enabled),
     ("sdp.cudnn", torch.backends.cuda.cudnn_sdp_enabled),
 )
+
+
+GRAD_MODE_FIELDS = ("grad_enabled", "inference_mode")
 
 
 def execution_state(module: torch.nn.Module, extra: tuple[tuple[str, Any], ...] = ()) -> tuple[tuple[str, Any], ...]:

@@ -25,7 +25,7 @@ from ..errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
 from ..families import TransformerInfo
 from .hooked_modules import HookedModules
-from .keys import GraphKey, HostTensor, ObjectState, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
+from .keys import GRAD_MODE_FIELDS, GraphKey, HostTensor, ObjectState, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
 from .model_state import ModelState, Structure
 from .module_mode import ChildGraphs
 from .text_buckets import pad_text_to_bucket
@@ -209,6 +209,7 @@ class GraphRunner:
                     type(self.module).__name__, len(self.entries), key.difference(closest),
                 )
             self._last_key = key
+            self._warn_grad_mode_twin(key)
             seen = self._seen[key] = _Seen()
             while len(self._seen) > _SEEN_LIMIT:
                 self._seen.popitem(last=False)
@@ -224,6 +225,20 @@ class GraphRunner:
                 changed = GraphKey(after, (), None).difference(GraphKey(inputs, (), None))
                 seen.mutates = f"the call changes its own inputs ({changed}), so it cannot be replayed"
         return out
+
+    def _warn_grad_mode_twin(self, key: GraphKey) -> None:
+        """Warn (once) when a new key equals a captured one but for grad or inference mode: most
+        often a warm-up made outside ``torch.inference_mode()`` for calls made inside it."""
+        for captured in reversed(self.entries):
+            fields = key.differs_only_in(captured, GRAD_MODE_FIELDS)
+            if fields:
+                now = ", ".join(f"{name}={dict(key.state)[name]}" for name in fields)
+                self._warn(
+                    f"bcg: {type(self.module).__name__} captures a new graph for a call whose only difference from a "
+                    f"captured one is the grad mode ({now} now): a capture is made per grad mode. Warm up and call "
+                    "in the same mode (both inside torch.inference_mode(), or both outside it)."
+                )
+                return
 
     def _new_entry(self, key: GraphKey, args: tuple, kwargs: dict, tensors: list[torch.Tensor], seen: "_Seen") -> GraphEntry:
         del self._seen[key]
