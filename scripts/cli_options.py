@@ -1,10 +1,12 @@
 """What ``generate.py`` and ``serve.py`` share on their command lines: the model options, reading ``--model``
-and :class:`Failure`."""
+and ``--device``, and :class:`Failure`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+import torch
 
 import pipelines
 
@@ -45,3 +47,15 @@ def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
         return None
     parser.error(f"--model: unknown family {model!r}; known families: {', '.join(pipelines.list_families())} "
                  "(or give a local pipeline folder or a hub id such as org/name)")
+
+
+def choose_device(args, parser: argparse.ArgumentParser) -> torch.device:
+    """``--device`` as a ``torch.device``; a name torch cannot read, or CUDA asked where torch sees none, is a
+    usage error (exit code 2)."""
+    try:
+        device = pipelines.resolve_device(args.device)
+    except RuntimeError as exc:
+        parser.error(f"--device {args.device!r}: {exc}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device} asks for CUDA, but torch sees no CUDA device")
+    return device

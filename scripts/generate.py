@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
-from cli_options import Failure, add_model_options, family_or_checkpoint  # noqa: E402
+from cli_options import Failure, add_model_options, choose_device, family_or_checkpoint  # noqa: E402
 from cache_quant import apply_cache, apply_quant, cache_passes, check_cache_option, torchao_problem  # noqa: E402
 from pipelines.caches import CACHE_HELP, reset_cache_state  # noqa: E402
 from pipelines.quant import QUANT_HELP, QUANT_NAMES  # noqa: E402
@@ -171,16 +171,6 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     if args.attention_backend is not None and args.attention_backend.lower() not in attention_backend_names():
         parser.error(f"--attention-backend {args.attention_backend!r} is not a diffusers backend; "
                      f"choose one of: {', '.join(attention_backend_names())}")
-
-
-def choose_device(args, parser: argparse.ArgumentParser) -> torch.device:
-    try:
-        device = pipelines.resolve_device(args.device)
-    except RuntimeError as exc:
-        parser.error(f"--device {args.device!r}: {exc}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} asks for CUDA, but torch sees no CUDA device")
-    return device
 
 
 def output_path(args, parser, model_name: str, size: str, is_video: bool) -> Path:

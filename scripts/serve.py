@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
-from cli_options import Failure, add_model_options, family_or_checkpoint  # noqa: E402
+from cli_options import Failure, add_model_options, choose_device, family_or_checkpoint  # noqa: E402
 from speedups import quiet_library_warnings, regional_compile  # noqa: E402
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
@@ -280,12 +280,7 @@ def start(args, parser) -> int:
     if not is_loopback(args.host):
         print(f"warning: --host {args.host}: the server is reachable from other machines and has no authentication",
               file=sys.stderr)
-    try:
-        device = pipelines.resolve_device(args.device)
-    except RuntimeError as exc:
-        parser.error(f"--device {args.device!r}: {exc}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} asks for CUDA, but torch sees no CUDA device")
+    device = choose_device(args, parser)
     dtype = pipelines.resolve_dtype(args.dtype, device)
     spec = family_or_checkpoint(args.model, parser)
     check_image_family(spec, parser)
