@@ -238,8 +238,8 @@ def _begin_capture(graph: torch.cuda.CUDAGraph, pool: Any, mode: str, stream: An
 
 def reset_generator_capture_state(device: torch.device | int | None = None) -> None:
     """After a capture whose ``capture_end`` failed (ours or a plain ``torch.cuda.graph``), torch's
-    CUDA generators still believe they are capturing (every later random op would raise). An empty capture runs their prologue and
-    epilogue again, which resets that flag."""
+    CUDA generators still believe they are capturing (every later random op would raise). An empty
+    capture runs their prologue and epilogue again, which resets that flag."""
     with torch.cuda.stream(torch.cuda.Stream(device)), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dummy = torch.cuda.CUDAGraph()
