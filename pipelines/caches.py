@@ -109,7 +109,7 @@ def enable_cache(transformer: Any, config: Any) -> None:
 # Where each cache runs in diffusers 0.42.1, with the pipelines' default calls (CFG as the family
 # runs it). The same pipeline runs eagerly or fails eagerly whatever its size, and under BCG a cache
 # gives exactly what it gives eagerly, so this is also where it runs under BCG.
-# tests/test_scripts.py runs every (cache, family) pair on the tiny pipelines to keep it true.
+# tests/tools/test_scripts.py runs every (cache, family) pair on the tiny pipelines to keep it true.
 CACHE_FAMILIES = {
     "fbc": ("flux", "wan", "qwenimage", "hunyuanvideo", "ltx", "cogvideox"),
     "taylorseer": ("flux", "wan", "qwenimage", "hunyuanvideo", "ltx", "cogvideox"),

@@ -1,4 +1,4 @@
-"""A module-level function for tests/test_failures_cpu.py: model code that does host work."""
+"""A module-level function for tests/library/test_failures_cpu.py: model code that does host work."""
 
 
 def host_value(x):

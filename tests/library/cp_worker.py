@@ -1,10 +1,10 @@
 """One rank of the context-parallel check: BCG under diffusers' context parallelism vs eager CP.
 
-Launched by ``tests/test_context_parallel_gpu.py`` (or by hand) through torchrun, one process per
+Launched by ``tests/library/test_context_parallel_gpu.py`` (or by hand) through torchrun, one process per
 GPU, with NCCL's NVLink multicast off::
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
-        python -m torch.distributed.run --standalone --nproc_per_node 2 tests/cp_worker.py --report-dir /tmp/cp
+        python -m torch.distributed.run --standalone --nproc_per_node 2 tests/library/cp_worker.py --report-dir /tmp/cp
 
 Every rank builds the same tiny transformers (same seed) twice for each case: one runs eager
 context parallelism (the reference), the other the same under ``bcg_diffusion.accelerate_transformer``.
@@ -65,7 +65,7 @@ def launch_env(base: dict | None = None) -> dict:
     importable."""
     env = dict(os.environ if base is None else base)
     env.update(MULTICAST_OFF)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
 

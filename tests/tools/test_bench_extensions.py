@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 

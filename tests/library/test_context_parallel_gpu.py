@@ -1,6 +1,6 @@
 """BCG under diffusers' context parallelism (Ulysses and ring, degree 2) on two GPUs.
 
-One torchrun launch of ``tests/cp_worker.py`` (2 ranks, NCCL, NVLink multicast off) runs every case;
+One torchrun launch of ``tests/library/cp_worker.py`` (2 ranks, NCCL, NVLink multicast off) runs every case;
 the tests read each rank's report. What must hold, on every rank: BCG CP is bitwise equal to eager
 CP on all 100 calls (shape changes, a LoRA load after capture), BCG really replayed graphs, and the
 ranks agree (same outputs, same hits and captures). Everything is bounded: the collectives by the
@@ -23,7 +23,7 @@ import torch
 
 import cp_worker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 540  # under the 10-minute limit of one device command
 CALLS = 100
 MAIN_CASES = [c for c in cp_worker.ALL_CASES if c != cp_worker.ORDER_CASE]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "bench_results"
 INDEX = RESULTS / "README.md"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 ACROSS_KIND = "across_processes"  # the "kind" of a --processes summary (scripts/bench/across.py)
 
@@ -781,7 +781,7 @@ def test_generate_keeps_nvlink_multicast_off(generate, monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# generate.py on a GPU (the lead runs these: pytest -m gpu tests/test_scripts.py)
+# generate.py on a GPU (the lead runs these: pytest -m gpu tests/tools/test_scripts.py)
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", ["flux", "pixart"])

@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 import bcg_diffusion  # noqa: E402
 import pipelines  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 

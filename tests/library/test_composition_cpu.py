@@ -2,7 +2,7 @@
 step caches (plumbing), structure changes and the state in the key.
 
 Without a GPU the runner serves CPU inputs eagerly, so these prove where hooks sit, what is
-refused and what is re-read; that replays are exact is proven by tests/test_composition_gpu.py.
+refused and what is re-read; that replays are exact is proven by tests/library/test_composition_gpu.py.
 """
 
 import copy

@@ -18,7 +18,7 @@ from bcg_diffusion import KNOWN_TRANSFORMERS
 from bcg_diffusion.core.tree import walk
 from pipelines import zoo
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 CASES = zoo.zoo_cases()
 
 

@@ -17,7 +17,7 @@ import torch
 
 from pipelines.zoo import full
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 
 

@@ -18,7 +18,7 @@ import torch
 import pipelines as P
 from pipelines import tokenizers as T
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = [
     "flux", "sd3", "pixart", "sana", "wan", "qwenimage", "hunyuanvideo",
     "ltx", "cogvideox", "lumina2", "zimage", "chroma", "flux2",
