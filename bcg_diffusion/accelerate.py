@@ -1,9 +1,11 @@
 """``accelerate_pipeline`` / ``accelerate_transformer`` / ``remove_acceleration``.
 
-Everything done to a model is local to it: a ``bcg_graphs`` diffusers hook at the bottom of the
-transformer's hook chain (the graph runner), the interceptors of its hooked submodules, and
-reference-counted attention-break patches; an :class:`_Acceleration` record stored on the module
-undoes all of it. A pipeline carries no state of its own: it is accelerated when its transformer
+What is done to a model: a ``bcg_graphs`` diffusers hook at the bottom of the transformer's hook
+chain (the graph runner), a guard in its instance ``_call_impl`` that follows what is assigned to
+its ``forward``, the interceptors of its hooked submodules; and, shared by every accelerated
+transformer of the process, the attention-break patches of diffusers' and torch's attention
+functions and the module registration hooks (reference-counted: the last removal undoes them).
+An :class:`_Acceleration` record stored on the module undoes all of it. A pipeline carries no state of its own: it is accelerated when its transformer
 components are, so pipelines sharing components (``from_pipe``) share the acceleration.
 """
 
@@ -24,7 +26,7 @@ from .errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
 from .families import transformer_info
 from .integration.model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
 from .integration.runner import GraphRunner
-from .stats import BCGStats, GraphEntryStats
+from .stats import BCGStats
 
 logger = logging.getLogger("bcg_diffusion")
 
@@ -64,10 +66,10 @@ def _checked_config(config: Any) -> BCGConfig:
     return config.with_environment()
 
 
-def _disabled_reason() -> str | None:
+def _disabled_reason(config: BCGConfig) -> str | None:
     if not env_flag(ENV_ENABLE, default=True):
         return f"{ENV_ENABLE}=0 is set: acceleration is off and the model runs eagerly"
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not config.debug:
         return "bcg-diffusion needs a CUDA GPU; none is available, so the model runs eagerly"
     return None
 
@@ -112,6 +114,23 @@ def _transformers_of(pipe: Any) -> list[tuple[str, torch.nn.Module]]:
     return found
 
 
+def _prepared(config: Any) -> tuple[BCGConfig, str | None]:
+    """The checked config and why acceleration is off on this machine (``None`` when it is on)."""
+    config = _checked_config(config)
+    reason = _disabled_reason(config)
+    if reason is not None:
+        _warn_once(reason)
+    elif not torch.cuda.is_available():
+        logger.info("bcg: debug mode without CUDA: calls on CPU tensors run the break structure eagerly, capturing nothing")
+    return config, reason
+
+
+def _refuse_accelerated(owner: str, modules: list[tuple[str, torch.nn.Module]], what_to_call: str) -> None:
+    accelerated = [name for name, module in modules if module.__dict__.get(_ATTR) is not None]
+    if accelerated:
+        raise AccelerationError(f"{owner} is already accelerated ({', '.join(accelerated)}); call {what_to_call} first")
+
+
 def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = None) -> torch.nn.Module:
     """Make ``module``'s calls replay breakable CUDA graphs; returns ``module``.
 
@@ -121,37 +140,39 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
     carries something a replay cannot reproduce (offloading, layerwise casting, ...).
     """
     module = _check_module(module)
-    config = _checked_config(config)
-    reason = _disabled_reason()
+    config, reason = _prepared(config)
     if reason is not None:
-        _warn_once(reason)
         return module
-    if module.__dict__.get(_ATTR) is not None:
-        raise AccelerationError(
-            f"{type(module).__name__} is already accelerated; call remove_acceleration() first to change the config"
-        )
-    if getattr(module, "_parallel_config", None) is not None:
-        raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(module).__name__))
+    _refuse_accelerated(type(module).__name__, [("transformer", module)], "remove_acceleration() to change the config")
     info = transformer_info(module, config.allow_unknown)
-    _load_capture_runtime()
     if config.check_weights == "auto":
         config = dataclasses.replace(config, check_weights="every_call")
+    _accelerate(module, config, info)
+    return module
+
+
+def _accelerate(module: torch.nn.Module, config: BCGConfig, info: Any) -> None:
+    """Put the graph runner on ``module`` (checked by the caller); undone by ``_Acceleration.undo``."""
+    if getattr(module, "_parallel_config", None) is not None:
+        raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(module).__name__))
+    if torch.cuda.is_available():
+        _load_capture_runtime()
     runner = GraphRunner(module, config, info)
     acceleration = _Acceleration(runner)
-    acceleration.undos.append(runner.close)
     try:
         fingerprint.acquire_registration_hooks()
         acceleration.undos.append(fingerprint.release_registration_hooks)
-        hook = ForwardHook(runner.bind, stateful_reset=runner.on_pipeline_call_end)
+        hook = ForwardHook(lambda below: (lambda *args, **kwargs: runner.enter(0, args, kwargs)),
+                           stateful_reset=runner.on_pipeline_call_end)
         insert_innermost(module, hook, GRAPHS_HOOK)
         acceleration.undos.append(lambda: remove_exactly(module, GRAPHS_HOOK))
-        runner._follow_structure()  # refusals (offloading, casting) raise here, not at the first call
-        runner.state.invalidate()  # and the first call reads again what changed since (a cache enabled now)
+        acceleration.undos.append(runner.close)
+        runner.attach(hook.fn_ref.original_forward, hook.fn_ref.forward, hook.fn_ref)  # refusals raise here
     except BaseException:
         acceleration.undo()
+        runner.detach()
         raise
     module.__dict__[_ATTR] = acceleration
-    return module
 
 
 def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
@@ -164,31 +185,22 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
     ``maybe_free_model_hooks``), for every pipeline sharing the transformer.
     """
     transformers = _transformers_of(pipe)
-    config = _checked_config(config)
-    reason = _disabled_reason()
+    config, reason = _prepared(config)
     if reason is not None:
-        _warn_once(reason)
         return pipe
-    accelerated = [name for name, module in transformers if module.__dict__.get(_ATTR) is not None]
-    if accelerated:
-        raise AccelerationError(
-            f"this {type(pipe).__name__} is already accelerated ({', '.join(accelerated)}); call "
-            "remove_acceleration(pipe) first"
-        )
+    _refuse_accelerated(f"this {type(pipe).__name__}", transformers, "remove_acceleration(pipe)")
     if getattr(pipe, "_offload_gpu_id", None) is not None and getattr(pipe, "_all_hooks", None):
         raise AccelerationError(
             f"{type(pipe).__name__} has model CPU offload enabled: the transformer moves between CPU and GPU per "
             "call, which a CUDA graph cannot replay. Call pipe.remove_all_hooks() and pipe.to('cuda') first."
         )
-    for _, module in transformers:
-        transformer_info(module, config.allow_unknown)
-        _check_module(module)
+    planned = [(_check_module(module), transformer_info(module, config.allow_unknown)) for _, module in transformers]
     if config.check_weights == "auto":
         config = dataclasses.replace(config, check_weights="per_pipeline_call")
     done: list[torch.nn.Module] = []
     try:
-        for _, module in transformers:
-            accelerate_transformer(module, config)
+        for module, info in planned:
+            _accelerate(module, config, info)
             done.append(module)
     except BaseException:
         for module in done:
@@ -202,6 +214,7 @@ def _remove_from_module(module: torch.nn.Module) -> bool:
     if acceleration is None:
         return False
     acceleration.undo()
+    acceleration.runner.detach()  # after the hook is out: module.forward is what eager code runs
     return True
 
 
@@ -241,43 +254,13 @@ def is_accelerated(obj: Any) -> bool:
 
 
 def get_stats(obj: Any) -> BCGStats | None:
-    """Captured keys, segments and breaks per key, capture time, graph memory, hits and misses of an
-    accelerated pipeline or transformer; ``None`` when it is not accelerated."""
+    """How the calls of an accelerated pipeline or transformer ran: replayed, first calls, eager;
+    captures that succeeded and failed; per key segments, breaks, capture time, graph memory and
+    hits (see :class:`BCGStats`). ``None`` when it is not accelerated."""
     runners = _runners(obj)
     if not runners:
         return None
-    entries = []
-    for runner in runners:
-        for entry in runner.entries.values():
-            entries.append(
-                GraphEntryStats(
-                    key=entry.key.summary(),
-                    segments=entry.segments,
-                    breaks=entry.breaks,
-                    capture_time_s=entry.capture_time_s,
-                    memory_bytes=entry.memory_bytes,
-                    hits=entry.hits,
-                    fallback=entry.fallback,
-                    eager_modules=tuple(entry.eager_modules),
-                    capture_phases=tuple(entry.phases.items()),
-                )
-            )
-    passes = [r.cache_passes() for r in runners]
-    return BCGStats(
-        transformer=", ".join(type(r.module).__name__ for r in runners),
-        debug=any(r.config.debug for r in runners),
-        hits=sum(e.hits for r in runners for e in r.entries.values() if e.fallback is None),
-        misses=sum(r.misses for r in runners),
-        captures=sum(r.captures for r in runners),
-        eager_calls=sum(r.eager_calls for r in runners),
-        capture_time_s=sum(e.capture_time_s for e in entries),
-        graph_memory_bytes=sum(e.memory_bytes for e in entries),
-        entries=tuple(entries),
-        structure_changes=sum(r.structure_changes for r in runners),
-        warmup_calls=sum(r.warmup_calls for r in runners),
-        hooked_module_calls=sum(c for c, _ in passes),
-        hooked_module_computed=sum(d for _, d in passes),
-    )
+    return BCGStats.combine([r.snapshot() for r in runners])
 
 
 def clear_graphs(obj: Any) -> None:

@@ -59,6 +59,14 @@ class BCGConfig:
         attention: ``"capture_safe"`` captures attention calls whose kernel is known capture-safe
             (torch SDPA called directly, diffusers' native SDPA backends) and breaks at every other
             (any other backend, context parallelism); ``"break"`` breaks at every attention call.
+        pure_forwards: forwards you replaced (on an instance, a class, or as an attention processor)
+            whose Python decides nothing per call on the host, so they may be captured: qualified
+            names of functions or classes (``"my_pkg.patches.fused_forward"``,
+            ``"my_pkg.MyAttnProcessor"``), or module prefixes ending in ``"."``
+            (``"my_pkg.patches."``). Any other replaced forward, reassigned class forward or
+            attention processor class from outside diffusers runs eagerly on every call while the
+            modules it calls replay (module mode; docs/accelerate.md "What a replay assumes").
+            cache-dit's re-implemented forwards are known pure.
     """
 
     debug: bool = False
@@ -73,6 +81,7 @@ class BCGConfig:
     check_weights: str = "auto"
     attention: str = "capture_safe"
     compile: bool = False
+    pure_forwards: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -109,6 +118,18 @@ class BCGConfig:
         )
         _check(self.attention in ATTENTION_POLICIES, "attention must be 'capture_safe' or 'break'", self.attention)
         _check(isinstance(self.compile, bool), "compile must be a bool", self.compile)
+        if isinstance(self.pure_forwards, str):
+            raise ValueError(
+                f"BCGConfig: pure_forwards must be a sequence of qualified names, got the string {self.pure_forwards!r}; "
+                f"write pure_forwards=({self.pure_forwards!r},)"
+            )
+        pure = tuple(self.pure_forwards)
+        _check(
+            all(isinstance(n, str) and "." in n for n in pure),
+            "pure_forwards must hold qualified names like 'my_pkg.module.function' or prefixes like 'my_pkg.'",
+            self.pure_forwards,
+        )
+        object.__setattr__(self, "pure_forwards", pure)
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

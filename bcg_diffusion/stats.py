@@ -1,13 +1,18 @@
-"""Introspection: what an accelerated transformer captured and how often it replayed."""
+"""Introspection: what an accelerated transformer captured and how each call ran."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True)
 class GraphEntryStats:
-    """One captured key."""
+    """One graph key: captured (``fallback is None``) or running eagerly (``fallback`` says why).
+
+    ``hits`` counts the calls this key served by replay. A key in module mode (``module_mode``)
+    runs the transformer's own Python eagerly and replays one graph per child call: its
+    ``child_*`` counters say how those child calls ran.
+    """
 
     key: str
     segments: int
@@ -20,6 +25,13 @@ class GraphEntryStats:
     # Host seconds of the capture by phase (setup with blas_workspace, record, instantiate, accounting,
     # key, static_inputs, first_replay, retries); see docs/accelerate.md "What a capture costs".
     capture_phases: tuple[tuple[str, float], ...] = ()
+    module_mode: bool = False
+    eager_reason: str | None = None  # module mode: why the transformer's own forward runs eagerly
+    child_graphs: int = 0
+    child_hits: int = 0
+    child_warmup_calls: int = 0
+    child_eager_calls: int = 0
+    child_failed_captures: int = 0
 
     def phase(self, name: str) -> float:
         return dict(self.capture_phases).get(name, 0.0)
@@ -29,13 +41,24 @@ class GraphEntryStats:
 class BCGStats:
     """Counters of one accelerated transformer (or the sum over a pipeline's transformers).
 
-    ``hits``: calls served by a captured graph; ``misses``: calls that met a new key;
-    ``warmup_calls``: first calls of new keys, run eagerly (a key is captured at its next call);
-    ``eager_calls``: calls run eagerly for another reason (fallback keys, uncacheable or non-CUDA inputs);
-    ``structure_changes``: times the processors or hooks changed and the graphs were dropped.
-    With a step cache: ``hooked_module_calls`` counts replayed calls of the cached modules (blocks
-    or attention modules) and ``hooked_module_computed`` those in which the cache computed the
-    module; the difference was reused.
+    Every call the graph runner received is exactly one of ``hits``, ``warmup_calls`` and
+    ``eager_calls`` (``calls`` is their sum):
+
+    - ``hits``: calls served by captured graphs (a whole-call replay, or module mode: the
+      transformer's own Python eagerly, its children replayed; see ``child_*``);
+    - ``warmup_calls``: first calls of a new key, run eagerly (a key is captured at its next call);
+    - ``eager_calls``: calls that ran eagerly after warm-up: keys whose capture failed (fallback),
+      uncacheable or non-CUDA inputs, calls that change their own inputs.
+
+    ``captures`` counts captures that succeeded, ``failed_captures`` captures that failed (or a
+    replay abandoned because a break changed shape) and fell back to eager; ``misses`` calls that
+    met a new key; ``structure_changes`` times the processors, hooks or forwards changed and the
+    graphs were dropped. In module mode ``child_hits`` counts child calls replayed,
+    ``child_warmup_calls`` first child calls run eagerly, ``child_eager_calls`` child calls run
+    eagerly after warm-up (a failed child capture, inputs that cannot be replayed). With a step
+    cache: ``hooked_module_calls`` counts replayed calls of the cached modules and
+    ``hooked_module_computed`` those in which the cache computed the module; the difference was
+    reused.
     """
 
     transformer: str
@@ -51,25 +74,67 @@ class BCGStats:
     warmup_calls: int = 0
     hooked_module_calls: int = 0
     hooked_module_computed: int = 0
+    failed_captures: int = 0
+    child_hits: int = 0
+    child_warmup_calls: int = 0
+    child_eager_calls: int = 0
+
+    @property
+    def calls(self) -> int:
+        """Transformer calls the graph runner received."""
+        return self.hits + self.warmup_calls + self.eager_calls
 
     @property
     def hooked_module_reused(self) -> int:
         return self.hooked_module_calls - self.hooked_module_computed
 
+    @staticmethod
+    def combine(parts: "list[BCGStats]") -> "BCGStats":
+        """The sum over several transformers (a pipeline's ``transformer`` and ``transformer_2``)."""
+        if len(parts) == 1:
+            return parts[0]
+        summed = {}
+        for f in fields(BCGStats):
+            values = [getattr(p, f.name) for p in parts]
+            if f.name == "transformer":
+                summed[f.name] = ", ".join(values)
+            elif f.name == "debug":
+                summed[f.name] = any(values)
+            elif f.name == "entries":
+                summed[f.name] = tuple(e for v in values for e in v)
+            else:
+                summed[f.name] = sum(values)
+        return BCGStats(**summed)
+
     def __str__(self) -> str:
         mode = " (debug: segments run eagerly)" if self.debug else ""
+        failed = f" ({self.failed_captures} failed)" if self.failed_captures else ""
         lines = [
-            f"{self.transformer}{mode}: {len(self.entries)} graph(s), {self.hits} hits, {self.misses} misses, "
-            f"{self.warmup_calls} first calls, {self.eager_calls} eager calls, capture {self.capture_time_s:.2f} s, "
-            f"graph memory {self.graph_memory_bytes / 2**20:.1f} MiB"
+            f"{self.transformer}{mode}: {len(self.entries)} graph key(s), {self.calls} calls: {self.hits} replayed, "
+            f"{self.warmup_calls} first calls, {self.eager_calls} eager; {self.captures} captures{failed}, "
+            f"{self.misses} misses, capture {self.capture_time_s:.2f} s, graph memory {self.graph_memory_bytes / 2**20:.1f} MiB"
         ]
+        if self.child_hits or self.child_warmup_calls or self.child_eager_calls:
+            lines.append(
+                f"  module mode: {self.child_hits} child calls replayed, {self.child_warmup_calls} first child calls, "
+                f"{self.child_eager_calls} eager"
+            )
         if self.hooked_module_calls:
             lines.append(
                 f"  step cache: {self.hooked_module_computed} module passes computed, "
                 f"{self.hooked_module_reused} reused"
             )
         for e in self.entries:
-            state = f"eager fallback ({e.fallback})" if e.fallback else f"{e.segments} segments, {e.breaks} breaks"
+            if e.fallback:
+                state = f"eager fallback ({e.fallback})"
+            elif e.module_mode:
+                why = f" ({e.eager_reason})" if e.eager_reason else ""
+                state = (
+                    f"module mode{why}: {e.child_graphs} child graphs, {e.segments} segments, {e.breaks} breaks, "
+                    f"{e.child_hits} child replays, {e.child_eager_calls} eager child calls"
+                )
+            else:
+                state = f"{e.segments} segments, {e.breaks} breaks"
             extra = f", eager modules {list(e.eager_modules)}" if e.eager_modules else ""
             phases = ", ".join(f"{name} {seconds * 1e3:.0f} ms" for name, seconds in e.capture_phases if seconds >= 5e-4)
             lines.append(

@@ -19,6 +19,11 @@ def cfg_mode(family):
     return "two_calls" if family == "flux" else pipelines.get_family(family).cfg_mode
 
 
+def transformer_calls(family, steps):
+    """Transformer calls one generation of :func:`run` makes (two per step where CFG is two calls)."""
+    return steps * (2 if cfg_mode(family) == "two_calls" else 1)
+
+
 def call_kwargs(family, steps=3, seed=0, prompt=PROMPT, device="cuda", **overrides):
     spec = pipelines.get_family(family)
     kwargs = dict(spec.call_kwargs)

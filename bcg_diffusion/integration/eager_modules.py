@@ -114,4 +114,5 @@ def _named(fn: Callable, qualname: str) -> Callable:
         return fn(*args, **kwargs)
 
     run.__qualname__ = qualname
+    run.__wrapped__ = fn  # type: ignore[attr-defined]  # what python_code.innermost_function follows
     return run

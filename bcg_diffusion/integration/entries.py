@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks, attention_layouts, failures
+from . import attention_breaks, attention_layouts, failures, sabotage
 from ..config import BCGConfig
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
@@ -50,6 +50,7 @@ class GraphEntry:
     layouts: list | None = None  # attention output layouts recorded by the key's first (eager) calls
     module_mode: bool = False  # the transformer's forward runs eagerly, its children replay (see module_mode)
     children: Any = None  # the ChildGraphs of a key in module mode
+    eager_reason: str | None = None  # module mode: why the transformer's own Python runs eagerly
     # host seconds of the capture by phase (see :func:`capture_entry`); "first_replay" added by the runner
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -108,8 +109,22 @@ def capture_entry(
     library handles and, within it, ``blas_workspace``), ``record`` (the forward under capture),
     ``instantiate`` (ending each segment's capture: instantiation of its graph), ``accounting``
     (graph memory), and ``retries`` (failed attempts before the one kept)."""
+    if sabotage.captures_fail():
+        return GraphEntry(key, None, [], None, fallback=f"{sabotage.ENV_SABOTAGE}=fallback (test-only)", layouts=layouts)
     with capture_lock, attention_breaks.policy(ctx.config.attention):
         return _capture(ctx, key, static, s_args, s_kwargs, layouts)
+
+
+def replay_entry(entry: GraphEntry, forward: Callable, attention: str) -> Any:
+    """Replay a captured entry (its static inputs already filled); returns its outputs (the
+    graph's buffers). A debug-mode entry runs ``forward`` again on its static inputs, through
+    the same breaks and bridge copies."""
+    if entry.debug_inputs is not None:
+        s_args, s_kwargs = entry.debug_inputs
+        with attention_breaks.policy(attention), BreakableCUDAGraphCapture(entry.graph, debug=True):
+            return forward(*s_args, **s_kwargs)
+    sabotage.replay(entry.graph)
+    return entry.outputs
 
 
 def _capture(

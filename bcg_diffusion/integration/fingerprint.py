@@ -13,9 +13,10 @@ Under ``accelerate_pipeline`` the addresses and versions are read once per pipel
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -26,9 +27,46 @@ _epoch = 0
 _version_of = operator.attrgetter("_version")
 
 
-def _bump(*_: Any) -> None:
+_transient = threading.local()  # per thread: a stack of {(id(module), name): (module, name, first old value)}
+_SLOTS = ("_parameters", "_buffers", "_modules")
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
+
+
+def _bump(module: Any = None, name: Any = None, value: Any = None) -> None:
     global _epoch
+    frames = getattr(_transient, "frames", None)
+    if frames and module is not None:
+        old = _value_now(module, name)
+        if old is None and isinstance(module, _CONTAINERS):
+            return  # filling a new container (a ModuleList slice made during the call)
+        # the hook runs before the assignment: the first value seen is what the block must end with
+        frames[-1].setdefault((id(module), name), (module, name, old))
+        return
     _epoch += 1
+
+
+@contextlib.contextmanager
+def transient_registrations() -> Iterator[None]:
+    """Registrations in this thread inside the block that the block's end has undone (a library
+    swapping a block list for the duration of a call with ``unittest.mock.patch.object``), and new
+    entries of containers (slicing a ``ModuleList`` makes a new one), do not count as changes;
+    any other counts once the block ends."""
+    frames = _transient.__dict__.setdefault("frames", [])
+    frames.append({})
+    try:
+        yield
+    finally:
+        seen = frames.pop()
+        if any(_value_now(module, name) is not old for module, name, old in seen.values()):
+            _bump()
+
+
+def _value_now(module: Any, name: str) -> Any:
+    for slots in _SLOTS:
+        table = module.__dict__.get(slots)
+        if table is not None and name in table:
+            return table[name]
+    return None
 
 
 def registration_epoch() -> int:

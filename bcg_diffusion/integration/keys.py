@@ -261,8 +261,11 @@ def value_fields(info: Any, kwargs: dict) -> tuple:
     return tuple(fields)
 
 
-def build_key(module: torch.nn.Module, info: Any, kwargs: dict, inputs: tuple, weights: Any) -> GraphKey:
+def build_key(
+    module: torch.nn.Module, info: Any, kwargs: dict, inputs: tuple, weights: Any, extra: tuple[tuple[str, Any], ...] = ()
+) -> GraphKey:
     """The key of one call: its flattened ``inputs``, the mask values ``info`` declares, the
-    execution state with the attention backend in force, and the weight fingerprint."""
-    state = execution_state(module, (("attention_backend", active_attention_backend()),))
+    execution state with the attention backend in force and ``extra`` fields, and the weight
+    fingerprint."""
+    state = execution_state(module, (("attention_backend", active_attention_backend()), *extra))
     return GraphKey(inputs + value_fields(info, kwargs), state, weights)

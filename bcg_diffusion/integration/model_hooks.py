@@ -12,7 +12,7 @@ Our hooks refuse ``copy.deepcopy``: the chain's closures would keep calling the 
 
 from __future__ import annotations
 
-import functools
+import types
 from typing import Any, Callable
 
 import torch
@@ -59,6 +59,14 @@ class ForwardHook(BCGHook):
         return module
 
 
+def _calling(hook: BCGHook) -> Callable:
+    def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return hook.new_forward(module, *args, **kwargs)
+
+    forward.__qualname__ = f"{type(hook).__name__}.new_forward"
+    return forward
+
+
 def registry_of(module: torch.nn.Module) -> HookRegistry | None:
     return module.__dict__.get(_REGISTRY_ATTR)
 
@@ -82,7 +90,9 @@ def insert_innermost(module: torch.nn.Module, hook: ForwardHook, name: str) -> N
     fn_ref.pre_forward = hook.pre_forward
     fn_ref.post_forward = hook.post_forward
     fn_ref.original_forward = below
-    fn_ref.forward = functools.update_wrapper(functools.partial(hook.new_forward, module), hook.new_forward)
+    # A bound method, as ``module.forward = fn`` leaves it: code that saves it and later puts it back
+    # with ``saved.__get__(module)`` (cache-dit's disable_cache) gets this very object again.
+    fn_ref.forward = types.MethodType(_calling(hook), module)
     hook.function = hook._make_function(below)
     hook.fn_ref = fn_ref
     if holder is None:

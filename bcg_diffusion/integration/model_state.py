@@ -27,7 +27,8 @@ from diffusers.hooks._common import _ATTENTION_CLASSES
 
 from . import fingerprint
 from ..errors import AccelerationError
-from .model_hooks import hooks_of
+from .model_hooks import hooks_of, registry_of
+from .python_code import OpaqueCode, class_forward_reassigned, classify_forward, custom_processor
 
 OUR_HOOK_PREFIX = "bcg_"
 
@@ -107,6 +108,7 @@ class Structure:
     processors: tuple
     hooked: tuple[HookedModule, ...]
     training: tuple[str, ...]
+    opaque: tuple[OpaqueCode, ...] = ()  # submodules whose Python the key cannot see (see python_code)
 
     def describe_difference(self, other: "Structure | None") -> str:
         if other is None:
@@ -118,6 +120,8 @@ class Structure:
             parts.append("hooks on submodules")
         if self.training != other.training:
             parts.append("submodules in training mode")
+        if self.opaque != other.opaque:
+            parts.append("replaced forwards or custom processors")
         return ", ".join(parts) or "nothing"
 
 
@@ -179,19 +183,32 @@ def processor_state(processor: Any) -> tuple:
     return (id(processor), type(processor).__qualname__, _freeze(attributes))
 
 
+def _base_forward(module: torch.nn.Module, d: dict) -> Any:
+    """What ``module`` runs below its diffusers hooks (its own forward, or a replacement)."""
+    registry = registry_of(module)
+    if registry is not None and registry._fn_refs:
+        ref = registry._fn_refs[0]
+        return ref.original_forward if ref.original_forward is not None else ref.forward
+    return d.get("forward")
+
+
 class ModelState:
     """The weight fingerprint and the :class:`Structure` of one transformer, cached until
-    :meth:`invalidate` (each pipeline call) unless ``every_call``."""
+    :meth:`invalidate` (each pipeline call) unless ``every_call``; the forwards assigned to its
+    submodules and their classes are compared on every call (:meth:`code_changed`)."""
 
-    def __init__(self, root: torch.nn.Module, every_call: bool) -> None:
+    def __init__(self, root: torch.nn.Module, every_call: bool, pure_forwards: tuple[str, ...] = ()) -> None:
         self.root = root
         self.every_call = every_call
+        self.pure_forwards = pure_forwards
+        self._code_token: tuple | None = None
         self.weights = fingerprint.WeightsFingerprint(root, every_call=every_call)
         self._structure: Structure | None = None
         self._epoch = -1
         self._named: list[tuple[str, torch.nn.Module]] = []
         self._dicts: list[tuple[str, dict]] = []
         self._attention: list[tuple[str, torch.nn.Module]] = []
+        self._classes: list[type] = []
 
     def invalidate(self) -> None:
         self.weights.invalidate()
@@ -199,15 +216,26 @@ class ModelState:
 
     def structure(self) -> Structure:
         """The current structure; raises :class:`AccelerationError` for hooks that cannot replay."""
-        if self.every_call or self._structure is None or self._epoch != fingerprint.registration_epoch():
+        if self.every_call or self._structure is None or self._epoch != fingerprint.registration_epoch() or self.code_changed():
             self._structure = self._scan()
+            self._code_token = self._read_code_token()
         return self._structure
+
+    def code_changed(self) -> bool:
+        """Whether a forward was assigned to a submodule, or a class forward reassigned, since the
+        last scan (one identity per module that has an instance forward, one per class)."""
+        return self._code_token is not None and self._read_code_token() != self._code_token
+
+    def _read_code_token(self) -> tuple:
+        instance = tuple(id(d["forward"]) for _, d in self._dicts if "forward" in d)
+        return instance, tuple(id(cls.forward) for cls in self._classes)
 
     def _modules(self) -> list[tuple[str, torch.nn.Module]]:
         if self._epoch != fingerprint.registration_epoch() or not self._named:
             self._named = list(self.root.named_modules())
             self._dicts = [(n, m.__dict__) for n, m in self._named]
             self._attention = [(n, m) for n, m in self._named if isinstance(m, _ATTENTION_CLASSES)]
+            self._classes = list({type(m): None for _, m in self._named})
             self._epoch = fingerprint.registration_epoch()
         return self._named
 
@@ -240,4 +268,23 @@ class ModelState:
         processors = tuple(
             (path, processor_state(getattr(module, "processor", None))) for path, module in self._attention
         )
-        return Structure(processors, tuple(hooked), training)
+        return Structure(processors, tuple(hooked), training, self._opaque_code())
+
+    def _opaque_code(self) -> tuple[OpaqueCode, ...]:
+        """Submodules whose forward, class forward or attention processor is opaque Python."""
+        found = []
+        pure = self.pure_forwards
+        for (path, module), (_, d) in zip(self._named, self._dicts):
+            if not path:
+                continue  # the transformer's own forward is the runner's (forward_chain)
+            base = _base_forward(module, d)
+            if base is not None:
+                opaque = classify_forward(module, base, path, pure)
+            else:
+                reassigned = class_forward_reassigned(module, pure)
+                opaque = OpaqueCode(path, "class forward reassigned", reassigned) if reassigned else None
+            if opaque is None and isinstance(module, _ATTENTION_CLASSES):
+                opaque = custom_processor(getattr(module, "processor", None), path, pure)
+            if opaque is not None:
+                found.append(opaque)
+        return tuple(found)

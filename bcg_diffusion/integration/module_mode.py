@@ -1,83 +1,149 @@
-"""Module mode: the transformer's own forward runs eagerly, each child call replays its own graph.
+"""Module mode: Python runs eagerly, the modules it calls replay graphs of their own.
 
-Some transformers do host work inline in their own ``forward`` (boolean-mask indexing of the
-text, a Python branch on a tensor value, rotary tables built on the CPU): no break can cut that
-code out, so a key whose capture fails there would run every call eagerly. In module mode the
-forward's own code runs eagerly on every call, while each call of a direct child or of a block
-(the modules of the transformer's ``ModuleList``s) replays a breakable graph captured for that
-call, in call order. So the prelude and epilogue cost what they cost eagerly (usually a few dozen
-kernels) and the blocks replay.
+Two kinds of Python cannot be replayed from one capture:
+
+- host work inline in the transformer's own ``forward`` (boolean-mask indexing of the text, a
+  branch on a tensor value, rotary tables built on the CPU): no break can cut it out;
+- *opaque* Python (:mod:`.python_code`): a forward replaced by a user or a library (cache-dit, a
+  TeaCache-style patch), a reassigned class forward, a custom attention processor. It may decide
+  differently on every call.
+
+In module mode that Python runs eagerly on every call, while each call of a *replay unit* replays
+a breakable graph captured for that call. The units are the children of the transformer and of
+every module on the *eager spine* (the opaque submodules and their ancestors), looking through
+``ModuleList``/``ModuleDict`` containers; leaf modules (no submodules: a ``Linear``, a norm), the
+spine itself and modules with hooks (step caches: they run as hooked modules do) run eagerly.
 
 Contracts:
 
-- A child call is replayed only when its inputs have the layout and values captured (the same
-  key fields as a transformer call); otherwise, or where its own capture failed, it runs eagerly.
-- Each child graph keeps its outputs alive, so later children never overwrite them; tensors a
-  later child reads from an earlier child's outputs are read in place (no copy). Other inputs are
-  copied into the child's static buffers before the replay.
-- Children with hooks (step caches) run as they do outside module mode: eagerly.
-- The transformer's outputs are cloned by the runner (they may alias a child graph's outputs).
+- A unit's call is identified by its path and its occurrence in the call (the second call of
+  ``transformer_blocks.3`` in one transformer call is another slot than the first), so Python
+  that skips some units on some calls (a step cache) keeps the other slots' graphs.
+- Each unit call keeps a slot per input layout and values (the key fields of a transformer call;
+  :data:`MAX_LAYOUTS_PER_CALL` of them, least recently used dropped). A slot's first
+  ``warmup_iters`` calls run eagerly (recording attention layouts), the next one captures; a
+  slot whose capture failed runs eagerly.
+- With ``fresh_outputs`` (opaque Python, which may keep what it is given across calls) a replay
+  returns copies of its outputs, and copies every input into its static buffers. Without it
+  (the transformer's own code), outputs are the graph's buffers, kept alive by the graph, and an
+  input that is an earlier unit's output of the same call is read in place.
+- The transformer's outputs are cloned by the runner (they may alias a unit's outputs).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from . import attention_layouts
+from . import attention_layouts, sabotage
+from ..core.tree import tree_map, walk
 from .keys import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
 
 logger = logging.getLogger("bcg_diffusion")
 
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+# input layouts kept per unit call (a step cache feeds a block its own output on computed steps and
+# a reused one, of other strides, on cached steps); the least recently used is dropped beyond it
+MAX_LAYOUTS_PER_CALL = 4
 
-def child_modules(root: torch.nn.Module, skip: set[str]) -> list[tuple[str, torch.nn.Module]]:
-    """The direct children of ``root`` and the items of its ``ModuleList``s, minus ``skip``."""
+
+def _children(module: torch.nn.Module, prefix: str) -> list[tuple[str, torch.nn.Module]]:
+    """``module``'s children, looking through ModuleList / ModuleDict containers."""
     found = []
-    for name, child in root.named_children():
-        if isinstance(child, torch.nn.ModuleList):
-            found += [(f"{name}.{i}", block) for i, block in enumerate(child) if f"{name}.{i}" not in skip]
-        elif name not in skip:
-            found.append((name, child))
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, _CONTAINERS):
+            found += _children(child, f"{path}.")
+        else:
+            found.append((path, child))
     return found
+
+
+def replay_units(root: torch.nn.Module, spine: set[str], skip: set[str]) -> list[tuple[str, torch.nn.Module]]:
+    """The replay units of ``root`` for an eager ``spine`` (paths, root excluded) and hooked
+    modules ``skip`` (see the module docstring)."""
+    units = []
+    for owner in [""] + sorted(spine):
+        module = root.get_submodule(owner) if owner else root
+        for path, child in _children(module, f"{owner}." if owner else ""):
+            if path in spine or path in skip or next(child.children(), None) is None:
+                continue
+            units.append((path, child))
+    return units
+
+
+def spine_of(opaque_paths: list[str]) -> set[str]:
+    """The opaque submodules and every ancestor of theirs (root excluded)."""
+    spine = set()
+    for path in opaque_paths:
+        parts = path.split(".")
+        spine.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return spine
 
 
 @dataclass
 class _Slot:
-    """The child call at one position of the forward's call sequence."""
+    """One unit call: a unit's path and its occurrence in the transformer call."""
 
     path: str
     inputs: tuple
     calls: int = 0
     layouts: list | None = None
-    entry: Any = None  # GraphEntry of the child's graph once captured
-    borrowed: list[bool] = field(default_factory=list)  # per static input: another child's output, read in place
+    entry: Any = None  # GraphEntry of the unit's graph once captured
+    borrowed: list[bool] = field(default_factory=list)  # per static input: another unit's output, read in place
+
+
+@dataclass
+class ChildCounters:
+    """How the unit calls of one key ran (see ``BCGStats``'s ``child_*`` fields)."""
+
+    hits: int = 0
+    warmup_calls: int = 0
+    eager_calls: int = 0
+    failed_captures: int = 0
 
 
 class ChildGraphs:
-    """The child graphs of one key in module mode (see the module docstring).
+    """The unit graphs of one key in module mode (see the module docstring).
 
-    ``capture(path, chain, args, kwargs, key)`` is given by the runner: it captures ``chain`` on the
-    static inputs it is handed and returns a GraphEntry (or one with ``fallback`` set).
+    ``capture(path, module, chain, key, static, s_args, s_kwargs, layouts)`` is given by the runner: it
+    captures ``chain`` on the static inputs it is handed and returns a GraphEntry (``fallback``
+    set when the capture failed); ``replay(entry, chain)`` replays one (its static inputs filled)
+    and returns its outputs.
     """
 
     def __init__(
-        self, root: torch.nn.Module, skip: set[str], capture: Callable[..., Any], warmup_iters: int, device_type: str = "cuda"
+        self,
+        units: list[tuple[str, torch.nn.Module]],
+        capture: Callable[..., Any],
+        warmup_iters: int,
+        fresh_outputs: bool = False,
+        device_type: str = "cuda",
+        replay: Callable[[Any, Callable], Any] | None = None,
     ) -> None:
-        self.root = root
+        self.units = units
+        self._modules = dict(units)
         self.device_type = device_type
-        self.children = child_modules(root, skip)
-        self.slots: dict[int, _Slot] = {}
+        self.fresh_outputs = fresh_outputs
+        # per unit call (path, occurrence): its slots by input layout, most recently used last
+        self.slots: dict[tuple[str, int], collections.OrderedDict[tuple, _Slot]] = {}
+        self.counters = ChildCounters()
         self._capture = capture
+        self._replay = replay or (lambda entry, chain: (sabotage.replay(entry.graph), entry.outputs)[1])
         self._warmup_iters = warmup_iters
-        self._position = 0
-        self._outputs: dict[int, int] = {}  # data_ptr of child outputs of this call -> slot position
+        self._occurrences: dict[str, int] = {}
+        self._outputs: set[int] = set()  # storages of unit outputs of this call (read in place)
 
     # -- stats ------------------------------------------------------------------------------
+    def _all_slots(self) -> list[_Slot]:
+        return [slot for variants in self.slots.values() for slot in variants.values()]
+
     def entries(self) -> list[Any]:
-        return [s.entry for s in self.slots.values() if s.entry is not None]
+        return [s.entry for s in self._all_slots() if s.entry is not None and s.entry.fallback is None]
 
     @property
     def segments(self) -> int:
@@ -92,19 +158,19 @@ class ChildGraphs:
         return sum(e.memory_bytes for e in self.entries())
 
     def release(self) -> None:
-        for slot in self.slots.values():
+        for slot in self._all_slots():
             if slot.entry is not None:
                 slot.entry.release()
         self.slots.clear()
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, forward: Callable, args: tuple, kwargs: dict) -> Any:
-        """One call of the transformer in module mode."""
-        self._position = 0
-        self._outputs = {}
+        """One call of the transformer in module mode: ``forward`` runs with the units intercepted."""
+        self._occurrences = {}
+        self._outputs = set()
         undo = []
         try:
-            for path, module in self.children:
+            for path, module in self.units:
                 attr = "_compiled_call_impl" if module.__dict__.get("_compiled_call_impl") is not None else "_call_impl"
                 had = attr in module.__dict__
                 previous = module.__dict__.get(attr)
@@ -120,27 +186,37 @@ class ChildGraphs:
 
     def _interceptor(self, path: str, chain: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
-            position = self._position
-            self._position += 1
-            return self._child_call(position, path, chain, args, kwargs)
+            occurrence = self._occurrences.get(path, 0)
+            self._occurrences[path] = occurrence + 1
+            return self._unit_call((path, occurrence), chain, args, kwargs)
 
         return call
 
-    def _child_call(self, position: int, path: str, chain: Callable, args: tuple, kwargs: dict) -> Any:
+    def _eager(self, chain: Callable, args: tuple, kwargs: dict) -> Any:
+        self.counters.eager_calls += 1
+        return chain(*args, **kwargs)
+
+    def _unit_call(self, where: tuple[str, int], chain: Callable, args: tuple, kwargs: dict) -> Any:
         try:
             inputs, tensors = flatten_inputs(args, kwargs, device_type=self.device_type)
         except UncacheableInput:
-            return chain(*args, **kwargs)
+            return self._eager(chain, args, kwargs)
         if not tensors:
-            return chain(*args, **kwargs)
-        slot = self.slots.get(position)
-        if slot is None or slot.path != path or slot.inputs != inputs:
-            if slot is not None and slot.entry is not None:
-                slot.entry.release()
-            slot = self.slots[position] = _Slot(path, inputs)
+            return self._eager(chain, args, kwargs)
+        variants = self.slots.setdefault(where, collections.OrderedDict())
+        slot = variants.get(inputs)
+        if slot is None:
+            slot = variants[inputs] = _Slot(where[0], inputs)
+            while len(variants) > MAX_LAYOUTS_PER_CALL:
+                _, dropped = variants.popitem(last=False)
+                if dropped.entry is not None:
+                    dropped.entry.release()
+        else:
+            variants.move_to_end(inputs)
         if slot.entry is None:
             if slot.calls < self._warmup_iters:
                 slot.calls += 1
+                self.counters.warmup_calls += 1
                 with attention_layouts.recording_layouts() as layouts:
                     out = chain(*args, **kwargs)
                 slot.layouts = layouts
@@ -148,40 +224,44 @@ class ChildGraphs:
             self._capture_slot(slot, chain, args, kwargs, tensors)
         entry = slot.entry
         if entry.fallback is not None:
-            return chain(*args, **kwargs)
+            return self._eager(chain, args, kwargs)
+        refresh = not sabotage.stale_inputs()
         for static, live, borrowed in zip(entry.static_inputs, tensors, slot.borrowed):
             if _same_view(static, live):
                 continue
-            if borrowed:  # the captured input was another child's output: never write into it
-                return chain(*args, **kwargs)
-            static.copy_(live)
-        entry.graph.replay()
+            if borrowed:  # the captured input was another unit's output: never write into it
+                return self._eager(chain, args, kwargs)
+            if refresh:
+                static.copy_(live)
+        outputs = self._replay(entry, chain)
         entry.hits += 1
-        self._note_outputs(position, entry.outputs)
-        return entry.outputs
+        self.counters.hits += 1
+        if self.fresh_outputs:
+            return tree_map(torch.Tensor.clone, outputs)
+        self._note_outputs(outputs)
+        return outputs
 
     def _capture_slot(self, slot: _Slot, chain: Callable, args: tuple, kwargs: dict, tensors: list) -> None:
         static, borrowed = [], []
         for t in tensors:
-            if t.untyped_storage().data_ptr() in self._outputs:
-                static.append(t)  # graph memory of an earlier child: read in place
+            if not self.fresh_outputs and t.untyped_storage().data_ptr() in self._outputs:
+                static.append(t)  # graph memory of an earlier unit: read in place
                 borrowed.append(True)
             else:
                 static.append(torch.empty_like(t).copy_(t))
                 borrowed.append(False)
         s_args, s_kwargs = rebuild_inputs(args, kwargs, static, device_type=self.device_type)
         key = GraphKey(slot.inputs, (("module_mode_child", slot.path),), None)
-        slot.entry = self._capture(slot.path, chain, key, static, s_args, s_kwargs, slot.layouts)
+        slot.entry = self._capture(slot.path, self._modules[slot.path], chain, key, static, s_args, s_kwargs, slot.layouts)
         slot.borrowed = borrowed
         if slot.entry.fallback is not None:
+            self.counters.failed_captures += 1
             logger.info("bcg: module mode: %s runs eagerly (%s)", slot.path, slot.entry.fallback)
 
-    def _note_outputs(self, position: int, outputs: Any) -> None:
-        from ..core.tree import walk
-
+    def _note_outputs(self, outputs: Any) -> None:
         for _, _, leaf in walk(outputs):
             if isinstance(leaf, torch.Tensor):
-                self._outputs[leaf.untyped_storage().data_ptr()] = position
+                self._outputs.add(leaf.untyped_storage().data_ptr())
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ from bcg_diffusion.config import BCGConfig
 from bcg_diffusion.integration import entries, failures
 from bcg_diffusion.integration.eager_modules import EagerModules
 from bcg_diffusion.integration.keys import HostTensor, ObjectState, UncacheableInput, flatten_inputs, rebuild_inputs
-from bcg_diffusion.integration.module_mode import ChildGraphs
+from bcg_diffusion.integration.module_mode import ChildGraphs, replay_units
 
 host_value = helpers.host_value
 
@@ -175,18 +175,26 @@ def test_module_mode_runs_children_through_their_slots_and_restores_them():
     expected = model(x)
     captured = []
 
-    def capture(path, chain, key, static, s_args, s_kwargs, layouts):
+    def capture(path, module, chain, key, static, s_args, s_kwargs, layouts):
         captured.append(path)
         return entries.GraphEntry(key, None, static, None, fallback="no CUDA here")
 
-    graphs = ChildGraphs(model, skip={"rope"}, capture=capture, warmup_iters=1, device_type="cpu")
-    assert [p for p, _ in graphs.children] == ["blocks.0", "blocks.1", "out"]
+    units = replay_units(model, spine=set(), skip={"rope"})
+    assert [p for p, _ in units] == ["blocks.0", "blocks.1"]  # leaf modules ("out", a Linear) run eagerly
+    graphs = ChildGraphs(units, capture=capture, warmup_iters=1, device_type="cpu")
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # first calls: eager, layouts recorded
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # then each slot is captured once
-    assert captured == ["blocks.0", "blocks.1", "out"]
+    assert captured == ["blocks.0", "blocks.1"]
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # fallback slots run eagerly
-    assert captured == ["blocks.0", "blocks.1", "out"]
+    assert captured == ["blocks.0", "blocks.1"]
+    assert (graphs.counters.warmup_calls, graphs.counters.failed_captures, graphs.counters.eager_calls) == (2, 2, 4)
     assert all("_call_impl" not in m.__dict__ for m in model.modules())
+
+
+def test_replay_units_follow_the_eager_spine_and_skip_leaves_and_hooked_modules():
+    model = Model()
+    assert [p for p, _ in replay_units(model, spine={"blocks.0"}, skip=set())] == ["blocks.1"]  # blocks.0 runs eagerly, its Linear too
+    assert [p for p, _ in replay_units(model, spine=set(), skip={"blocks.1"})] == ["blocks.0"]
 
 
 def test_small_host_tensors_are_keyed_by_value_and_left_in_place():
