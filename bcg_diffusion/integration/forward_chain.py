@@ -116,10 +116,7 @@ class ForwardChain:
             return
         else:
             level = len(self.forwards)
-            logger.info(
-                "bcg: %s's forward was replaced by %s after acceleration; it runs eagerly on every call and the "
-                "modules it calls replay their graphs (module mode)", name, qualified_name(current),
-            )
+            logger.debug("bcg: %s's forward was replaced by %s after acceleration", name, qualified_name(current))
             self.forwards.append(current)
             self.links.append(types.MethodType(_make_link(self._enter, level), self.module))
             self._set_forward(self.links[-1])

@@ -103,6 +103,8 @@ class GraphRunner:
         Reads the structure now, so that refusals (offloading, casting) raise at acceleration."""
         self.chain = ForwardChain(self.module, below, link, hook_ref, self.enter, self._forwards_changed)
         self._follow_structure()
+        if self.config.compile and (self.opaque_root(0) is not None or self._spine):
+            self._refuse_compile(self.opaque_root(0))
         self.state.invalidate()  # the first call reads again what changed since (a cache enabled now)
 
     def on_pipeline_call_end(self) -> None:
@@ -215,22 +217,34 @@ class GraphRunner:
             out = entry.children.run(forward, args, kwargs)
         return out if entry.children.fresh_outputs else tree_map(torch.Tensor.clone, out)
 
+    def _opaque_summary(self, opaque: OpaqueCode | None) -> str:
+        """What runs eagerly and why, for stats: the transformer's own Python and opaque submodules."""
+        name = type(self.module).__name__
+        found = ([opaque] if opaque is not None else []) + list(self._structure.opaque if self._structure else ())
+        shown = "; ".join(o.describe(name) for o in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        spine = f" ({len(self._spine)} modules on the eager spine)" if self._spine else ""
+        return f"{shown}{more}{spine}"
+
+    def _refuse_compile(self, opaque: OpaqueCode | None) -> None:
+        where = opaque.describe(type(self.module).__name__) if opaque is not None else "replaced submodule forwards"
+        raise AccelerationError(
+            f"BCGConfig(compile=True) compiles {type(self.module).__name__}'s whole forward, but Python the graph key "
+            f"cannot see runs in it ({where}): it must run eagerly on every call. Compile the blocks instead "
+            "(transformer.compile_repeated_blocks()) and leave compile=False"
+        )
+
     def _planned_module_mode(self, key: GraphKey, opaque: OpaqueCode | None, forward: Callable, args: tuple, kwargs: dict) -> Any:
         """The first call of a key whose Python the key cannot see: module mode from the start (its
         units warm up on this call and are captured at their next)."""
         if self.config.compile:
-            raise AccelerationError(
-                f"BCGConfig(compile=True) compiles {type(self.module).__name__}'s whole forward, but Python the graph "
-                f"key cannot see runs in it ({(opaque.describe(type(self.module).__name__) if opaque else 'replaced submodule forwards')}); "
-                "compile the blocks instead (transformer.compile_repeated_blocks()) and leave compile=False"
-            )
+            self._refuse_compile(opaque)
         self.misses += 1
         self.warmup_calls += 1
         self._evict(keep=self.config.max_graphs - 1)
         skip = {h.path for h in self._structure.hooked} if self._structure else set()
         entry = GraphEntry(key, None, [], None, module_mode=True)
-        entry.eager_reason = (opaque.describe(type(self.module).__name__) if opaque is not None
-                              else f"{len(self._spine)} modules on the eager spine")
+        entry.eager_reason = self._opaque_summary(opaque)
         entry.children = ChildGraphs(
             replay_units(self.module, self._spine, skip), self._child_capturer(entry), self.config.warmup_iters,
             fresh_outputs=True, device_type=self.device_type, replay=self._replay_child,
