@@ -20,7 +20,7 @@ import torch
 from .core import _cudart
 from .integration import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
-from .errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
+from .errors import AccelerationError
 from .families import transformer_info
 from .integration.model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
 from .integration.runner import GraphRunner
@@ -130,8 +130,6 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
         raise AccelerationError(
             f"{type(module).__name__} is already accelerated; call remove_acceleration() first to change the config"
         )
-    if getattr(module, "_parallel_config", None) is not None:
-        raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(module).__name__))
     info = transformer_info(module, config.allow_unknown)
     _load_capture_runtime()
     if config.check_weights == "auto":

@@ -59,6 +59,10 @@ class BCGConfig:
         attention: ``"capture_safe"`` captures attention calls whose kernel is known capture-safe
             (torch SDPA called directly, diffusers' native SDPA backends) and breaks at every other
             (any other backend, context parallelism); ``"break"`` breaks at every attention call.
+        rank_timeout_s: under diffusers context parallelism, how long a rank waits in one
+            agreement round for the others (a rank that crashed or hangs without saying so); the
+            ranks agree before each transformer call and after each capture
+            (docs/multi-gpu.md). A rank that raises tells the others at once. Seconds, > 0.
     """
 
     debug: bool = False
@@ -73,6 +77,7 @@ class BCGConfig:
     check_weights: str = "auto"
     attention: str = "capture_safe"
     compile: bool = False
+    rank_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -109,6 +114,12 @@ class BCGConfig:
         )
         _check(self.attention in ATTENTION_POLICIES, "attention must be 'capture_safe' or 'break'", self.attention)
         _check(isinstance(self.compile, bool), "compile must be a bool", self.compile)
+        _check(
+            isinstance(self.rank_timeout_s, (int, float)) and not isinstance(self.rank_timeout_s, bool)
+            and self.rank_timeout_s > 0,
+            "rank_timeout_s must be a positive number of seconds",
+            self.rank_timeout_s,
+        )
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

@@ -16,18 +16,19 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks, attention_layouts
+from . import attention_breaks, attention_layouts, parallel
 from ..config import BCGConfig
 from ..core.copy_back import BreakOutputMismatchError
 from ..core.tree import tree_map
 from .eager_modules import EagerModules
-from ..errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
+from ..errors import AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, warn_once
 from ..families import TransformerInfo
 from .hooked_modules import HookedModules
 from .keys import GRAD_MODE_FIELDS, GraphKey, HostTensor, ObjectState, UncacheableInput, build_key, flatten_inputs, rebuild_inputs
 from .model_state import ModelState, Structure
 from .module_mode import ChildGraphs
+from .static_inputs import static_copy
 from .text_buckets import pad_text_to_bucket
 
 logger = logging.getLogger("bcg_diffusion")
@@ -73,6 +74,7 @@ class GraphRunner:
         self._lock = threading.RLock()
         self._warned: set[str] = set()
         self._last_key: GraphKey | None = None
+        self.ranks: parallel.NoRanks = parallel.NO_RANKS  # context parallelism: see integration/parallel.py
         for name in self.eager_modules.resolve(config.eager_modules):
             self.eager_modules.add(name)
 
@@ -88,7 +90,7 @@ class GraphRunner:
 
     # -- the call -------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
+        with self._lock, parallel.calling(self):  # context parallelism: a rank that raises tells the others
             self._follow_structure()
             return self._call(args, kwargs)
 
@@ -104,6 +106,7 @@ class GraphRunner:
         keyed = time.perf_counter()
         key = build_key(self.module, self.info, kwargs, inputs, self.state.weights.current())
         key_s = time.perf_counter() - keyed
+        self.ranks.agree_key(self, key)  # context parallelism: every rank takes this call's path
         entry = self.entries.get(key)
         if entry is None:
             seen = self._seen.get(key)
@@ -129,6 +132,7 @@ class GraphRunner:
         except BreakOutputMismatchError as exc:
             # A break returned another shape than at capture: its output shape depends on values the
             # key does not hold. Never return a partial replay: this key runs eagerly from now on.
+            self.ranks.replay_failed(exc)  # context parallelism: raises (the other ranks ran part of the call)
             self._warn(f"bcg: replay of {type(self.module).__name__} stopped: {exc}. This input shape now runs eagerly.")
             entry.release()
             entry.fallback = f"break output changed shape: {str(exc).splitlines()[0][:200]}"
@@ -144,8 +148,7 @@ class GraphRunner:
         self._last_stream = current
 
     def _follow_structure(self) -> None:
-        if getattr(self.module, "_parallel_config", None) is not None:  # enable_parallelism after accelerating
-            raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(self.module).__name__))
+        self.ranks = parallel.follow(self)  # context parallelism enabled, changed or gone: integration/parallel.py
         structure = self.state.structure()
         if structure is self._structure:
             return
@@ -158,6 +161,7 @@ class GraphRunner:
                 f"through the hooks on {', '.join(h.path for h in structure.hooked[:3])}; with hooks (step caches) "
                 "compile the blocks (compile_repeated_blocks) and leave compile=False"
             )
+        self.ranks.check_structure(self.module, self.eager_modules.names)  # context parallelism: refusals
         if self._structure is not None:
             self.structure_changes += 1
             logger.info(
@@ -174,6 +178,7 @@ class GraphRunner:
         self._structure = structure
 
     def _eager(self, args: tuple, kwargs: dict, reason: str | None) -> Any:
+        self.ranks.agree_eager(reason, args, kwargs)  # context parallelism: the plan of a call with no key (no-op after one)
         self.eager_calls += 1
         if reason is not None and reason not in self._warned:
             self._warned.add(reason)
@@ -244,15 +249,17 @@ class GraphRunner:
         del self._seen[key]
         self._evict(keep=self.config.max_graphs - 1)
         copied = time.perf_counter()
-        static = [torch.empty_like(t).copy_(t) for t in tensors]  # same strides where dense; expanded inputs get dense buffers
+        static = [static_copy(t) for t in tensors]
         s_args, s_kwargs = rebuild_inputs(args, kwargs, static, device_type="cuda")
         if self._stream is None:
             self._stream = torch.cuda.Stream(static[0].device)
         ctx = CaptureContext(
             self.module, self.forward, self.config, self.eager_modules, self._stream, self._warn, self._evict_for_memory
         )
+        ctx = self.ranks.capture_context(ctx)  # context parallelism: no narrowing, no eviction mid-capture
         static_s = time.perf_counter() - copied
         entry = capture_entry(ctx, key, static, s_args, s_kwargs, seen.layouts)
+        self.ranks.agree_capture(entry)  # context parallelism: one failed rank makes every rank fall back
         entry.phases["static_inputs"] = static_s
         if entry.module_mode:
             entry.static_inputs = []  # the forward runs eagerly on the live inputs
@@ -275,7 +282,9 @@ class GraphRunner:
                 self.module.get_submodule(path), chain, self.config, self.eager_modules, self._stream, self._warn,
                 lambda: False, root=self.module, pool=pools[-1],  # no eviction mid-call: this key's entry is running
             )
+            ctx = self.ranks.capture_context(ctx)  # context parallelism: as in _new_entry
             child = capture_entry(ctx, key, static, s_args, s_kwargs, layouts)
+            self.ranks.agree_capture(child)  # context parallelism: as in _new_entry
             if "retries" in child.phases or child.fallback is not None:
                 pools.append(torch.cuda.graph_pool_handle())  # later children do not share a failed capture's pool
             entry.capture_time_s += child.capture_time_s
@@ -333,6 +342,7 @@ class GraphRunner:
             self.clear()
             self.hooked.clear()
             self.eager_modules.restore()
+            self.ranks.close()  # context parallelism: undoes the gather break
             if self._undo_breaks is not None:
                 self._undo_breaks()
                 self._undo_breaks = None
