@@ -298,10 +298,10 @@ def calling(runner: Any) -> Iterator[None]:
 
 def raise_if_peer_aborted() -> None:
     """Raise the :class:`~.lockstep.RankAbortedError` of a rank that gave up, for code that waits
-    for other ranks outside an agreement round (a collective). One store check per live
-    context-parallel transformer; a no-op without one."""
+    for other ranks outside an agreement round (a collective inside a transformer call). One store
+    check per context-parallel transformer in a call now; a no-op without one."""
     for lockstep in list(_live):
-        if lockstep.agreement is not None:
+        if lockstep.agreement is not None and lockstep._current is not None:
             peer = lockstep.agreement.poll_abort()
             if peer is not None:
                 raise peer

@@ -511,7 +511,7 @@ def run_fault(case: Case, run: Run, seed: int = 0) -> dict:
     model = build_transformer(case.family, seed, run.device, run.dtype)
     enable_context_parallel(model, case.mode, BACKENDS[case.mode])
     bcg.accelerate_transformer(model, run.config)
-    record: dict = {"fault_rank": run.fault_rank, "fault_call": run.fault_call, "error": None}
+    record: dict = {"fault_rank": run.fault_rank, "fault_call": run.fault_call, "raised": None}
     shape = SHAPES[case.family][0]
     fault_started = None
     for index in range(run.fault_call + 3):  # the calls after the fault: a rank that did not stop in it stops there
@@ -524,7 +524,7 @@ def run_fault(case: Case, run: Run, seed: int = 0) -> dict:
             with torch.no_grad():
                 model(**inputs)  # no synchronisation after the fault: a hung collective would block it
         except Exception as exc:  # noqa: BLE001 - the test looks at which error
-            record["error"] = {
+            record["raised"] = {
                 "type": type(exc).__name__,
                 "message": str(exc),
                 "notes": list(getattr(exc, "__notes__", [])),
