@@ -626,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
             report["cases"][case_text] = {"error": traceback.format_exc()}
         report["cases"][case_text].setdefault("seconds", time.monotonic() - started)
         print(f"cp_worker rank {rank}: {case_text} done in {time.monotonic() - started:.1f} s", flush=True)
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(report, indent=1))  # after every case: a timeout leaves the rest
         if case.variant == "fault":
-            (out_dir / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
             sys.stdout.flush()
             os._exit(0)  # a collective of the fault may still be pending: no barrier, no teardown
         dist.barrier()
