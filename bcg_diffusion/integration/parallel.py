@@ -148,9 +148,7 @@ class Lockstep(NoRanks):
             told = "the other ranks were told (RankAbortedError)"
         else:
             told = f"rank {peer.rank} had aborted before ({peer.where}: {peer.reason[:200]})"
-        note = getattr(exc, "add_note", None)
-        if note is not None:
-            note(f"bcg: rank {self.rank} raised this {where}; {told}")
+        _add_note(exc, f"bcg: rank {self.rank} raised this {where}; {told}")
 
     # -- decisions ------------------------------------------------------------------------
     def agree_key(self, runner: Any, key: GraphKey) -> None:
@@ -225,6 +223,15 @@ class Lockstep(NoRanks):
         if undo is not None:
             undo()
         _live.discard(self)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10 the list that 3.11 shows with the traceback."""
+    add = getattr(exc, "add_note", None)
+    if add is not None:
+        add(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
 
 _COMMUNICATION_WORDS = ("gloo", "nccl", "connection", "timed out", "timeout", "collective", "peer")

@@ -199,7 +199,7 @@ class Collectives:
         deadline = start + self.config.collective_timeout_s
         next_check = start
         pause = 0.00005
-        while not work.is_completed():
+        while not _done(work):
             now = self.clock()
             if now >= next_check:
                 self.check_peers()
@@ -212,6 +212,17 @@ class Collectives:
             self.sleep(pause)
             pause = min(pause * 2, 0.001)
         work.wait()
+
+
+def _done(work: Any) -> bool:
+    """Whether ``work`` completed: its own flag, or its future's (whichever the backend keeps)."""
+    if work.is_completed():
+        return True
+    try:
+        future = work.get_future()
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return future.done()
 
 
 # -- ranks and launches -----------------------------------------------------------------------
