@@ -4,9 +4,10 @@ Under ``enable_parallelism(config=ContextParallelConfig(...))`` every rank runs 
 transformer call: inside attention (an eager break, never captured: the attention policy is forced
 to ``"break"`` for captures) and in the output gather (an eager break too, :mod:`.cp_gather`). A
 capture runs no collective at all (breaks only allocate their outputs there; eager modules holding
-attention are refused, :mod:`.cp_support`), so what must be equal on every rank is the sequence of
-*real* executions: a rank that replays where another runs eagerly twice, or stops a replay half-way,
-leaves the others waiting in a collective. :class:`Lockstep` makes every decision that changes it
+attention are refused, :mod:`.cp_support`; debug mode runs every break for real, alike on every
+rank), so what must be equal on every rank is the sequence of *real* executions of the forward: a
+rank that runs a call twice (a replay stopped half-way, then eagerly) or skips one leaves the others
+waiting in a collective. :class:`Lockstep` makes every decision that changes it
 together, through :class:`~.lockstep.RankAgreement` (the job's store, no GPU work):
 
 - before each call, the *plan*: its path (``warmup``, ``capture``, ``replay``, ``fallback``,
