@@ -24,7 +24,7 @@ start=$(date +%s)
 
 {
   nvidia-smi --query-gpu=name,memory.used,memory.total,compute_mode --format=csv 2>&1
-  timeout -k 5 60 python - <<'EOF' 2>&1
+  timeout -k 5 40 python - <<'EOF' 2>&1
 import importlib
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "devices", torch.cuda.device_count())
@@ -38,7 +38,7 @@ EOF
 cat "$OUT/env.txt"
 
 selection=(-m "gpu and not cp_full")
-limit=245
+limit=230
 if [ "${CP_FULL:-0}" = "1" ]; then
   export BCG_CP_FULL=1
   selection=(-m gpu)

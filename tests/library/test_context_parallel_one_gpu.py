@@ -34,8 +34,8 @@ CALLS = 100
 COLLECTIVE_TIMEOUT_S = 60.0
 RANK_TIMEOUT_S = 90.0
 # the launches' bounds fit run_cp_gpu.sh's 4 minutes; BCG_CP_MAIN_TIMEOUT_S / BCG_CP_FAULT_TIMEOUT_S override
-MAIN_LAUNCH_TIMEOUT_S = float(os.environ.get("BCG_CP_MAIN_TIMEOUT_S", 170))
-FAULT_LAUNCH_TIMEOUT_S = float(os.environ.get("BCG_CP_FAULT_TIMEOUT_S", 60))
+MAIN_LAUNCH_TIMEOUT_S = float(os.environ.get("BCG_CP_MAIN_TIMEOUT_S", 160))
+FAULT_LAUNCH_TIMEOUT_S = float(os.environ.get("BCG_CP_FAULT_TIMEOUT_S", 55))
 FULL_LAUNCH_TIMEOUT_S = 340
 ONE_GPU_CASES = cp_worker.ALL_CASES + cp_worker.CHECK_CASES + cp_worker.PIPE_CASES  # the heaviest last
 FULL_CASES = ("flux:ulysses", "wan:ulysses")
