@@ -607,9 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(device, dtype, args.calls, lora, args.size, collectives, args.fault_call, args.fault_rank, rank, config)
 
     import diffusers
-    import peft  # noqa: F401 - imported before --pretend-cuda: libraries probe CUDA at import
 
-    import pipelines  # noqa: F401
+    import pipelines  # noqa: F401 - imported before --pretend-cuda: libraries probe CUDA at import
 
     if args.pretend_cuda:
         torch.cuda.is_available = lambda: True  # the runner is installed; CPU inputs run eagerly through it
