@@ -238,6 +238,10 @@ def init_ranks(kind: str, timeout_s: float) -> Any:
         if not torch.cuda.is_available():
             raise SystemExit("cp_harness: --one-gpu needs a CUDA device")
         torch.cuda.set_device(0)
+        # Initialise CUDA now: init_device_mesh sets the device from LOCAL_RANK (1 on the second rank,
+        # which does not exist here) when it finds CUDA uninitialised.
+        torch.cuda.init()
+        torch.zeros(1, device="cuda:0")
         dist.init_process_group("gloo", timeout=timeout)
         return torch.device("cuda", 0)
     if kind == "nccl":
