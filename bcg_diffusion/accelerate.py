@@ -22,7 +22,7 @@ import torch
 from .core import _cudart
 from .integration import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
-from .errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
+from .errors import AccelerationError
 from .families import transformer_info
 from .integration.model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
 from .integration.runner import GraphRunner
@@ -153,8 +153,6 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
 
 def _accelerate(module: torch.nn.Module, config: BCGConfig, info: Any) -> None:
     """Put the graph runner on ``module`` (checked by the caller); undone by ``_Acceleration.undo``."""
-    if getattr(module, "_parallel_config", None) is not None:
-        raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(module).__name__))
     if torch.cuda.is_available():
         _load_capture_runtime()
     runner = GraphRunner(module, config, info)

@@ -67,6 +67,10 @@ class BCGConfig:
             attention processor class from outside diffusers runs eagerly on every call while the
             modules it calls replay (module mode; docs/accelerate.md "What a replay assumes").
             cache-dit's re-implemented forwards are known pure.
+        rank_timeout_s: under diffusers context parallelism, how long a rank waits in one
+            agreement round for the others (a rank that crashed or hangs without saying so); the
+            ranks agree before each transformer call and after each capture
+            (docs/multi-gpu.md). A rank that raises tells the others at once. Seconds, > 0.
     """
 
     debug: bool = False
@@ -82,6 +86,7 @@ class BCGConfig:
     attention: str = "capture_safe"
     compile: bool = False
     pure_forwards: tuple[str, ...] = field(default_factory=tuple)
+    rank_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -130,6 +135,12 @@ class BCGConfig:
             self.pure_forwards,
         )
         object.__setattr__(self, "pure_forwards", pure)
+        _check(
+            isinstance(self.rank_timeout_s, (int, float)) and not isinstance(self.rank_timeout_s, bool)
+            and self.rank_timeout_s > 0,
+            "rank_timeout_s must be a positive number of seconds",
+            self.rank_timeout_s,
+        )
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

@@ -248,6 +248,27 @@ class RankAgreement:
                 except Exception as exc:  # noqa: BLE001 - abort runs in exception handlers: never mask the error
                     logger.warning("bcg: rank %d could not publish its abort (%s): %s", self.rank, key, exc)
 
+    def poll_abort(self) -> "RankAbortedError | None":
+        """The abort another rank published, or ``None``; never waits (one store check) and never
+        raises. Once one is seen, every later round raises it. For code that waits elsewhere (a
+        collective) and wants to stop when a peer gave up."""
+        with self._lock:
+            if self._failure is not None:
+                failure = self._failure
+                return failure if isinstance(failure, RankAbortedError) and failure.rank != self.rank else None
+            try:
+                if not self._store.check([self._abort_key()]):
+                    return None
+                payload = self._store.get(self._abort_key())
+            except Exception as exc:  # noqa: BLE001 - a lost store: nothing to report here
+                logger.debug("bcg: rank %d could not read the abort key: %s", self.rank, exc)
+                return None
+            error = self._aborted(payload)
+            if error.rank == self.rank:
+                return None
+            self._failure = error
+            return error
+
     # -- internals ------------------------------------------------------------------------
     def _key(self, round_index: int, rank: int) -> str:
         return f"{KEY_PREFIX}/{self.group_id}/{round_index}/{rank}"
@@ -307,14 +328,17 @@ class RankAgreement:
             return self._store.multi_get(keys)
         return [self._store.get(k) for k in keys]
 
-    def _fail_aborted(self, payload: bytes) -> None:
+    def _aborted(self, payload: bytes) -> RankAbortedError:
         info = json.loads(payload[1:].decode())
-        error = RankAbortedError(
+        return RankAbortedError(
             f"rank {info['rank']} aborted {info['where']}: {info['reason']}. This rank ({self.rank}) stops too",
             int(info["rank"]),
             str(info["where"]),
             str(info["reason"]),
         )
+
+    def _fail_aborted(self, payload: bytes) -> None:
+        error = self._aborted(payload)
         self._failure = error
         raise error
 

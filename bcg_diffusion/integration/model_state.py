@@ -62,6 +62,10 @@ STEP_CACHE_HOOKS: dict[str, HookRule] = {
 }
 # Any other hook: the module's body runs eagerly (its hooks may read or change anything).
 UNKNOWN_HOOK = HookRule(False, fresh_outputs=True, retain_args=True)
+# diffusers' context-parallel hooks run inline, captured with their module: the split is a view of its
+# input, and the gather's collective is an eager break of its own (integration/cp_gather.py). Their
+# modules are no hooked modules (integration/parallel.py, integration/cp_support.py).
+INLINE_HOOKS = frozenset({"ContextParallelSplitHook", "ContextParallelGatherHook"})
 
 _OFFLOAD = (
     "group offloading moves weights between devices on every call, and a CUDA graph replays fixed "
@@ -261,7 +265,7 @@ class ModelState:
             names = diffusers_hook_names(module)
             for name in names:
                 refuse_hook(owner, name)
-            kinds = names + _torch_hook_kinds(module)
+            kinds = tuple(n for n in names if n not in INLINE_HOOKS) + _torch_hook_kinds(module)
             if path and kinds:  # the transformer's own hooks run outside its graphs, on every call
                 hooked.append(HookedModule(path, kinds, rule_for(kinds)))
         training = tuple(path for path, d in self._dicts if path and d.get("training"))

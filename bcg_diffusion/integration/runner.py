@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks, attention_layouts, fingerprint, sabotage
+from . import attention_breaks, attention_layouts, fingerprint, parallel, sabotage
 from ..config import BCGConfig
 from ..core.copy_back import BreakOutputMismatchError
 from ..core.tree import tree_map
 from .eager_modules import EagerModules
-from ..errors import CONTEXT_PARALLEL_REFUSAL, AccelerationError
+from ..errors import AccelerationError
 from .entries import CaptureContext, GraphEntry, capture_entry, capture_lock, replay_entry, warn_once
 from ..families import TransformerInfo
 from .forward_chain import ForwardChain
@@ -31,6 +31,7 @@ from .model_state import ModelState, Structure
 from .module_mode import ChildCounters, ChildGraphs, replay_units, spine_of
 from .python_code import OpaqueCode, classify_forward, is_pure
 from ..stats import BCGStats, GraphEntryStats
+from .static_inputs import static_copy
 from .text_buckets import pad_text_to_bucket
 
 logger = logging.getLogger("bcg_diffusion")
@@ -94,6 +95,7 @@ class GraphRunner:
         self._warned: set[str] = set()
         self._last_key: GraphKey | None = None
         sabotage.read_environment()
+        self.ranks: parallel.NoRanks = parallel.NO_RANKS  # context parallelism: see integration/parallel.py
         for name in self.eager_modules.resolve(config.eager_modules):
             self.eager_modules.add(name)
 
@@ -119,7 +121,7 @@ class GraphRunner:
         if getattr(self._local, "depth", 0):
             # a foreign forward calling the forward it replaced, inside this runner's eager call
             return self.chain.forward_at(level)(*args, **kwargs)
-        with self._lock:
+        with self._lock, parallel.calling(self):  # context parallelism: a rank that raises tells the others
             self._local.depth = 1
             try:
                 self._follow_structure()
@@ -175,6 +177,7 @@ class GraphRunner:
         keyed = time.perf_counter()
         key = build_key(self.module, self.info, kwargs, inputs, self.state.weights.current(), (("forward_level", level),))
         key_s = time.perf_counter() - keyed
+        self.ranks.agree_key(self, key)  # context parallelism: every rank takes this call's path
         entry = self.entries.get(key)
         if entry is None:
             seen = self._seen.get(key)
@@ -203,6 +206,7 @@ class GraphRunner:
         except BreakOutputMismatchError as exc:
             # A break returned another shape than at capture: its output shape depends on values the
             # key does not hold. Never return a partial replay: this key runs eagerly from now on.
+            self.ranks.replay_failed(exc)  # context parallelism: raises (the other ranks ran part of the call)
             self._warn(f"bcg: replay of {type(self.module).__name__} stopped: {exc}. This input shape now runs eagerly.")
             entry.release()
             entry.fallback = f"break output changed shape: {str(exc).splitlines()[0][:200]}"
@@ -276,8 +280,7 @@ class GraphRunner:
         self._code = self._chain_state()
 
     def _follow_structure(self) -> None:
-        if getattr(self.module, "_parallel_config", None) is not None:  # enable_parallelism after accelerating
-            raise AccelerationError(CONTEXT_PARALLEL_REFUSAL.format(name=type(self.module).__name__))
+        self.ranks = parallel.follow(self)  # context parallelism enabled, changed or gone: integration/parallel.py
         if self._code is None:
             self._code = self._chain_state()
         elif self._code != self._chain_state():
@@ -295,6 +298,7 @@ class GraphRunner:
                 f"through the hooks on {', '.join(h.path for h in structure.hooked[:3])}; with hooks (step caches) "
                 "compile the blocks (compile_repeated_blocks) and leave compile=False"
             )
+        self.ranks.check_structure(self.module, self.eager_modules.names)  # context parallelism: refusals
         if self._structure is not None:
             self.structure_changes += 1
             logger.info(
@@ -314,6 +318,7 @@ class GraphRunner:
             self._note_opaque(opaque)
 
     def _eager(self, forward: Callable, args: tuple, kwargs: dict, reason: str | None) -> Any:
+        self.ranks.agree_eager(reason, args, kwargs)  # context parallelism: the plan of a call with no key (no-op after one)
         self.eager_calls += 1
         if reason is not None and reason not in self._warned:
             self._warned.add(reason)
@@ -377,15 +382,17 @@ class GraphRunner:
         del self._seen[key]
         self._evict(keep=self.config.max_graphs - 1)
         copied = time.perf_counter()
-        static = [torch.empty_like(t).copy_(t) for t in tensors]  # same strides where dense; expanded inputs get dense buffers
+        static = [static_copy(t) for t in tensors]
         s_args, s_kwargs = rebuild_inputs(args, kwargs, static, device_type=self.device_type)
         if self._stream is None and self.device_type == "cuda":
             self._stream = torch.cuda.Stream(static[0].device)
         ctx = CaptureContext(
             self.module, forward, self.config, self.eager_modules, self._stream, self._warn, self._evict_for_memory
         )
+        ctx = self.ranks.capture_context(ctx)  # context parallelism: no narrowing, no eviction mid-capture
         static_s = time.perf_counter() - copied
         entry = capture_entry(ctx, key, static, s_args, s_kwargs, seen.layouts)
+        self.ranks.agree_capture(entry)  # context parallelism: one failed rank makes every rank fall back
         entry.phases["static_inputs"] = static_s
         if entry.module_mode:
             entry.static_inputs = []  # the forward runs eagerly on the live inputs
@@ -422,7 +429,9 @@ class GraphRunner:
                 module, chain, self.config, self.eager_modules, self._stream, self._warn,
                 lambda: False, root=self.module, pool=pools[-1],  # no eviction mid-call: this key's entry is running
             )
+            ctx = self.ranks.capture_context(ctx)  # context parallelism: as in _new_entry
             child = capture_entry(ctx, key, static, s_args, s_kwargs, layouts)
+            self.ranks.agree_capture(child)  # context parallelism: as in _new_entry
             if child.fallback is not None:
                 self.failed_captures += 1
             else:
@@ -490,6 +499,7 @@ class GraphRunner:
             self.clear()
             self.hooked.clear()
             self.eager_modules.restore()
+            self.ranks.close()  # context parallelism: undoes the gather break
             if self._undo_breaks is not None:
                 self._undo_breaks()
                 self._undo_breaks = None

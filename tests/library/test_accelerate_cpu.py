@@ -310,18 +310,23 @@ def test_fingerprint_looks_through_wrapper_tensor_subclasses():
     assert fp.compute() != requantized
 
 
-def test_parallel_transformers_are_refused_in_either_order(pretend_cuda):
+def test_tensor_parallel_transformers_are_refused_in_either_order(pretend_cuda):
+    """Context parallelism is accepted (tests/library/test_parallel_cpu.py); tensor parallelism is not."""
+    import types
+
     class ParallelDiT(torch.nn.Module):
         def forward(self, x):
             return x
 
+    tensor_parallel = types.SimpleNamespace(tensor_parallel_config=object(), context_parallel_config=None)
     model = ParallelDiT()
-    model._parallel_config = object()  # what diffusers' enable_parallelism sets
-    with pytest.raises(bcg.AccelerationError, match="enable_parallelism.*docs/multi-gpu.md"):
+    model._parallel_config = tensor_parallel  # what diffusers' enable_parallelism sets
+    with pytest.raises(bcg.AccelerationError, match="tensor parallelism.*docs/multi-gpu.md"):
         bcg.accelerate_transformer(model, bcg.BCGConfig(allow_unknown=True))
+    assert not bcg.is_accelerated(model)
     model._parallel_config = None
     bcg.accelerate_transformer(model, bcg.BCGConfig(allow_unknown=True))
-    model._parallel_config = object()  # enabled after accelerating: refused at the next call
-    with pytest.raises(bcg.AccelerationError, match="does not replay context- or tensor-parallel"):
+    model._parallel_config = tensor_parallel  # enabled after accelerating: refused at the next call
+    with pytest.raises(bcg.AccelerationError, match="does not replay tensor-parallel transformers"):
         model(torch.ones(1))
     bcg.remove_acceleration(model)
