@@ -14,10 +14,18 @@ from .accelerate import (
 )
 from .compile_cache import CompileCache, use_compile_cache
 from .config import BCGConfig
-from .core import eager_on_graph, get_current_replay_token
-from .integration.entries import BCGCaptureWarning
-from .errors import AccelerationError
-from .families import KNOWN_TRANSFORMERS, UnknownTransformerError
+from .core import BreakOutputMismatchError, CudaRuntimeError, eager_on_graph, get_current_replay_token
+from .errors import (
+    AccelerationError,
+    BCGCaptureWarning,
+    RankAbortedError,
+    RankAgreementError,
+    RankDisagreementError,
+    RankOutOfStepError,
+    RankTimeoutError,
+    UnknownTransformerError,
+)
+from .families import KNOWN_TRANSFORMERS
 from .stats import BCGStats, GraphEntryStats
 from .warmup import WarmedShape, WarmupReport, warmup
 
@@ -28,9 +36,16 @@ __all__ = [
     "BCGCaptureWarning",
     "BCGConfig",
     "BCGStats",
+    "BreakOutputMismatchError",
     "CompileCache",
+    "CudaRuntimeError",
     "GraphEntryStats",
     "KNOWN_TRANSFORMERS",
+    "RankAbortedError",
+    "RankAgreementError",
+    "RankDisagreementError",
+    "RankOutOfStepError",
+    "RankTimeoutError",
     "UnknownTransformerError",
     "WarmedShape",
     "WarmupReport",

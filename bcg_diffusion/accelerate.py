@@ -158,8 +158,7 @@ def _accelerate(module: torch.nn.Module, config: BCGConfig, info: Any) -> None:
     runner = GraphRunner(module, config, info)
     acceleration = _Acceleration(runner)
     try:
-        fingerprint.acquire_registration_hooks()
-        acceleration.undos.append(fingerprint.release_registration_hooks)
+        acceleration.undos.append(fingerprint.registration_hooks().remove)
         hook = ForwardHook(lambda below: (lambda *args, **kwargs: runner.enter(0, args, kwargs)),
                            stateful_reset=runner.on_pipeline_call_end)
         insert_innermost(module, hook, GRAPHS_HOOK)

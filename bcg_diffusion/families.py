@@ -8,6 +8,8 @@ import logging
 
 import torch
 
+from .errors import UnknownTransformerError
+
 logger = logging.getLogger("bcg_diffusion")
 
 
@@ -54,10 +56,6 @@ KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
     "ChromaTransformer2DModel": TransformerInfo("chroma"),
     "Flux2Transformer2DModel": TransformerInfo("flux2"),
 }
-
-
-class UnknownTransformerError(TypeError):
-    """The transformer class is not one the project knows and the generic path was not allowed."""
 
 
 # Measured on 2026-12-01 (H200, torch 2.11, diffusers 0.42.1, bf16, tiny configs of pipelines.zoo,

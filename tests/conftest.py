@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from bcg_diffusion.core.handles import live_handles
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -14,15 +16,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _no_leftover_attention_patches():
-    """A failed test must not leave attention patches behind for the next one (they would change every
-    later eager call)."""
+def _no_leftover_patches():
+    """A failed test must not leave process-wide patches behind for the next one (attention breaks
+    would change every later eager call): every handle still live after a test is removed."""
     yield
-    from bcg_diffusion.integration import attention_breaks
-
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
+    for handle in live_handles():
+        handle.remove()
 
 
 @pytest.fixture

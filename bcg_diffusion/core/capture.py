@@ -383,8 +383,7 @@ class BreakableCUDAGraphCapture:
         self.graph._time("blas_workspace", time.perf_counter() - blas_start)
         state = _CaptureState(self.graph, pool, stream, self.capture_error_mode, debug=False)
         self._activate(state)
-        fork_token = side_streams.install(state.tracker)
-        self._resets.append(lambda: side_streams.uninstall(fork_token))
+        self._resets.append(side_streams.install(state.tracker).remove)
         try:
             state.begin_segment()
         except BaseException as exc:

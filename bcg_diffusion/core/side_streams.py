@@ -3,20 +3,20 @@
 Code under capture may fork work onto another stream (``side.wait_stream(capturing)``). A segment
 cannot end while a forked stream is still part of the capture, so the capture joins every forked,
 not-yet-joined stream before a segment ends and forks it again when the next segment begins.
-``torch.cuda.Stream.wait_stream`` is hooked only while at least one capture is active
-(reference-counted, thread-safe); each capture sees only its own forks through a context variable.
+``torch.cuda.Stream.wait_stream`` is hooked only while at least one capture is active (one
+removable handle per capture, thread-safe); each capture sees only its own forks through a
+context variable.
 """
 
 from __future__ import annotations
 
 import contextvars
-import threading
 from typing import Any, Callable
 
 import torch
 
-_lock = threading.Lock()
-_active_captures = 0
+from .handles import RemovableHandle, SharedPatch
+
 _original_wait_stream: Callable[[Any, Any], None] | None = None
 _TRACKER: contextvars.ContextVar["ForkTracker | None"] = contextvars.ContextVar(
     "bcg_fork_tracker", default=None
@@ -69,26 +69,33 @@ def _hooked_wait_stream(self: Any, stream: Any) -> None:
         tracker.on_wait(self, stream)
 
 
-def install(tracker: ForkTracker) -> contextvars.Token:
-    """Hook ``wait_stream`` (first capture installs it) and make ``tracker`` this context's tracker."""
-    global _active_captures, _original_wait_stream
-    with _lock:
-        if _active_captures == 0:
-            _original_wait_stream = torch.cuda.Stream.wait_stream
-            torch.cuda.Stream.wait_stream = _hooked_wait_stream  # type: ignore[method-assign]
-        _active_captures += 1
-    return _TRACKER.set(tracker)
+def _hook() -> None:
+    global _original_wait_stream
+    _original_wait_stream = torch.cuda.Stream.wait_stream
+    torch.cuda.Stream.wait_stream = _hooked_wait_stream  # type: ignore[method-assign]
 
 
-def uninstall(token: contextvars.Token) -> None:
-    """Undo :func:`install`; the last active capture restores the original ``wait_stream``."""
-    global _active_captures, _original_wait_stream
-    _TRACKER.reset(token)
-    with _lock:
-        _active_captures -= 1
-        if _active_captures == 0 and _original_wait_stream is not None:
-            torch.cuda.Stream.wait_stream = _original_wait_stream  # type: ignore[method-assign]
-            _original_wait_stream = None
+def _unhook() -> None:
+    global _original_wait_stream
+    if _original_wait_stream is not None:
+        torch.cuda.Stream.wait_stream = _original_wait_stream  # type: ignore[method-assign]
+        _original_wait_stream = None
+
+
+_wait_stream_patch = SharedPatch("torch.cuda.Stream.wait_stream", _hook, _unhook)
+
+
+def install(tracker: ForkTracker) -> RemovableHandle:
+    """Hook ``wait_stream`` (shared by the active captures) and make ``tracker`` this context's
+    tracker until the handle is removed (in the same context)."""
+    shared = _wait_stream_patch.acquire()
+    token = _TRACKER.set(tracker)
+
+    def undo() -> None:
+        _TRACKER.reset(token)
+        shared.remove()
+
+    return RemovableHandle(undo, "fork tracker of a capture")
 
 
 def is_hook_installed() -> bool:

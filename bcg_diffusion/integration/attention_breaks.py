@@ -23,13 +23,13 @@ import contextvars
 import functools
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
 from . import attention_layouts, attention_op
 from ..core.capture import eager_on_graph, is_capturing_breakable
+from ..core.handles import RemovableHandle, SharedPatch
 
 _DISPATCH_NAME = "dispatch_attention_fn"
 _SDPA_NAME = "scaled_dot_product_attention"
@@ -50,13 +50,6 @@ _IN_ATTENTION: contextvars.ContextVar[bool] = contextvars.ContextVar("bcg_in_att
 _POLICY: contextvars.ContextVar[str] = contextvars.ContextVar("bcg_attention_policy", default="break")
 
 
-@dataclass
-class _Patch:
-    owner: Any
-    attr: str
-    original: Callable
-    refcount: int
-    replacement: Callable
 
 
 def _make_break(original: Callable, kind: str) -> Callable:
@@ -138,33 +131,46 @@ def _make_function_break(original: Callable) -> Callable:
     return wrapped
 
 
-def _acquire(owner: Any, attr: str, make: Callable[[Callable], Callable]) -> tuple[str, str]:
-    key = (getattr(owner, "__name__", repr(owner)), attr)
-    patch = _patches.get(key)
-    if patch is not None:
-        patch.refcount += 1
-        return key
-    original = getattr(owner, attr)
-    replacement = make(original)
-    _patches[key] = _Patch(owner, attr, original, 1, replacement)
-    setattr(owner, attr, replacement)
-    eager_call = getattr(replacement, "__bcg_eager_call__", None)
-    if eager_call is not None:
-        attention_op.register_eager_call(_KINDS[attr], eager_call)
-    return key
+class _Patch:
+    """``owner.attr`` replaced by ``make(original)`` while any handle of it is live."""
 
+    def __init__(self, owner: Any, attr: str, make: Callable[[Callable], Callable]) -> None:
+        self.owner, self.attr, self.make = owner, attr, make
+        self.original: Callable | None = None
+        self.replacement: Callable | None = None
+        self.shared = SharedPatch(f"{getattr(owner, '__name__', owner)}.{attr}", self._apply, self._revert)
 
-def _release(key: tuple[str, str]) -> None:
-    patch = _patches.get(key)
-    if patch is None:
-        return
-    patch.refcount -= 1
-    if patch.refcount == 0:
-        setattr(patch.owner, patch.attr, patch.original)
-        del _patches[key]
-        eager_call = getattr(patch.replacement, "__bcg_eager_call__", None)
+    def _apply(self) -> None:
+        self.original = getattr(self.owner, self.attr)
+        self.replacement = self.make(self.original)
+        setattr(self.owner, self.attr, self.replacement)
+        eager_call = getattr(self.replacement, "__bcg_eager_call__", None)
         if eager_call is not None:
-            attention_op.unregister_eager_call(_KINDS[patch.attr], eager_call)
+            attention_op.register_eager_call(_KINDS[self.attr], eager_call)
+
+    def _revert(self) -> None:
+        setattr(self.owner, self.attr, self.original)
+        eager_call = getattr(self.replacement, "__bcg_eager_call__", None)
+        if eager_call is not None:
+            attention_op.unregister_eager_call(_KINDS[self.attr], eager_call)
+        self.original = self.replacement = None
+
+
+def _acquire(owner: Any, attr: str, make: Callable[[Callable], Callable]) -> RemovableHandle:
+    key = (getattr(owner, "__name__", repr(owner)), attr)
+    with _lock:
+        patch = _patches.get(key)
+        if patch is None:
+            patch = _patches[key] = _Patch(owner, attr, make)
+    return patch.shared.acquire()
+
+
+def _group(handles: list[RemovableHandle], label: str) -> RemovableHandle:
+    def remove_all() -> None:
+        for handle in reversed(handles):
+            handle.remove()
+
+    return RemovableHandle(remove_all, label)
 
 
 def attention_modules(transformer: torch.nn.Module) -> tuple[list[Any], bool]:
@@ -192,39 +198,25 @@ def attention_modules(transformer: torch.nn.Module) -> tuple[list[Any], bool]:
     return with_dispatch, direct_sdpa
 
 
-def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ()) -> Callable[[], None]:
+def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ()) -> RemovableHandle:
     """Install the attention breaks this transformer needs, and make ``eager_functions`` (names of
-    functions in the transformer's own module) eager breaks; returns the undo function."""
+    functions in the transformer's own module) eager breaks; the handle removes them (a patch
+    shared with other transformers stays until its last handle is removed)."""
     modules, direct_sdpa = attention_modules(transformer)
     home = sys.modules[type(transformer).__module__]
-    with _lock:
-        keys = [_acquire(mod, _DISPATCH_NAME, _make_dispatch_break) for mod in modules]
-        if direct_sdpa or not modules:
-            keys.append(_acquire(torch.nn.functional, _SDPA_NAME, _make_sdpa_break))
-        keys += [_acquire(home, name, _make_function_break) for name in eager_functions if callable(getattr(home, name, None))]
-
-    def undo() -> None:
-        with _lock:
-            for key in keys:
-                _release(key)
-
-    return undo
+    handles = [_acquire(mod, _DISPATCH_NAME, _make_dispatch_break) for mod in modules]
+    if direct_sdpa or not modules:
+        handles.append(_acquire(torch.nn.functional, _SDPA_NAME, _make_sdpa_break))
+    handles += [_acquire(home, name, _make_function_break) for name in eager_functions if callable(getattr(home, name, None))]
+    return _group(handles, f"attention breaks of {type(transformer).__name__}")
 
 
-def make_function_eager(module_name: str, name: str) -> Callable[[], None]:
-    """Make function ``name`` of Python module ``module_name`` an eager break (reference-counted,
-    shared by every transformer that asks); returns the undo function."""
-    home = sys.modules[module_name]
-    with _lock:
-        key = _acquire(home, name, _make_function_break)
-
-    def undo() -> None:
-        with _lock:
-            _release(key)
-
-    return undo
+def make_function_eager(module_name: str, name: str) -> RemovableHandle:
+    """Make function ``name`` of Python module ``module_name`` an eager break (shared by every
+    transformer that asks, until its last handle is removed)."""
+    return _acquire(sys.modules[module_name], name, _make_function_break)
 
 
 def installed_patches() -> list[tuple[str, str]]:
     """(module, attribute) pairs currently patched (for tests and introspection)."""
-    return sorted(_patches)
+    return sorted(key for key, patch in _patches.items() if patch.shared.active)

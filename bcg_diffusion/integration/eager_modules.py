@@ -26,7 +26,7 @@ class EagerModules:
         self._root = root
         self._saved: dict[str, tuple[torch.nn.Module, Any]] = {}
         self._methods: dict[str, tuple[str, torch.nn.Module, str, Any]] = {}  # label -> path, module, name, previous
-        self._functions: dict[str, Callable[[], None]] = {}
+        self._functions: dict[str, Any] = {}  # label -> RemovableHandle of the shared function patch
 
     @property
     def names(self) -> list[str]:
@@ -104,8 +104,8 @@ class EagerModules:
                 object.__setattr__(module, name, previous)
         self._methods.clear()
         while self._functions:
-            _, undo = self._functions.popitem()
-            undo()
+            _, handle = self._functions.popitem()
+            handle.remove()
 
 
 def _named(fn: Callable, qualname: str) -> Callable:

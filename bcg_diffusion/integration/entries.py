@@ -14,6 +14,7 @@ import torch
 
 from . import attention_breaks, attention_layouts, failures, sabotage
 from ..config import BCGConfig
+from ..errors import BCGCaptureWarning
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
 from ..core.nonowning import pool_segments
@@ -27,10 +28,6 @@ logger = logging.getLogger("bcg_diffusion")
 # calls out of captures: a device-wide synchronisation invalidates any capture). Replays and eager
 # work in other threads go on (captures use capture_error_mode="thread_local").
 capture_lock = threading.RLock()
-
-
-class BCGCaptureWarning(RuntimeWarning):
-    """A capture failed; the warning names the module and the op, and what now runs eagerly."""
 
 
 @dataclass

@@ -20,9 +20,8 @@ from typing import Any, Iterator
 
 import torch
 
-_lock = threading.Lock()
-_users = 0
-_handles: list[Any] = []
+from ..core.handles import RemovableHandle, SharedPatch
+
 _epoch = 0
 _version_of = operator.attrgetter("_version")
 
@@ -75,32 +74,32 @@ def registration_epoch() -> int:
     return _epoch
 
 
-def acquire_registration_hooks() -> None:
-    """Install the global registration hooks (reference-counted)."""
-    global _users
+def _install_hooks() -> None:
     from torch.nn.modules import module as nn_module
 
-    with _lock:
-        if _users == 0:
-            for name in (
-                "register_module_parameter_registration_hook",
-                "register_module_buffer_registration_hook",
-                "register_module_module_registration_hook",
-            ):
-                register = getattr(nn_module, name, None)
-                if register is not None:
-                    _handles.append(register(_bump))
-        _users += 1
+    for name in (
+        "register_module_parameter_registration_hook",
+        "register_module_buffer_registration_hook",
+        "register_module_module_registration_hook",
+    ):
+        register = getattr(nn_module, name, None)
+        if register is not None:
+            _torch_handles.append(register(_bump))
 
 
-def release_registration_hooks() -> None:
-    """Undo :func:`acquire_registration_hooks`; the last user removes the hooks."""
-    global _users
-    with _lock:
-        _users -= 1
-        if _users == 0:
-            while _handles:
-                _handles.pop().remove()
+def _remove_hooks() -> None:
+    while _torch_handles:
+        _torch_handles.pop().remove()
+
+
+_torch_handles: list[Any] = []
+_registration_hooks = SharedPatch("module registration hooks", _install_hooks, _remove_hooks)
+
+
+def registration_hooks() -> RemovableHandle:
+    """Install torch's global module registration hooks while the handle lives (shared: the last
+    handle removed takes them out)."""
+    return _registration_hooks.acquire()
 
 
 class WeightsFingerprint:

@@ -181,9 +181,10 @@ def _freeze(value: Any, depth: int = 0) -> Any:
     return ("id", id(value))
 
 
-def processor_state(processor: Any) -> tuple:
-    """Identity, class and the frozen attributes of an attention processor."""
-    attributes = vars(processor) if hasattr(processor, "__dict__") else {}
+def processor_state(processor: Any, with_attributes: bool = True) -> tuple:
+    """Identity, class and (``with_attributes``) the frozen attributes of an attention processor.
+    A custom processor runs eagerly on every call (python_code): its attributes are its own state."""
+    attributes = vars(processor) if with_attributes and hasattr(processor, "__dict__") else {}
     return (id(processor), type(processor).__qualname__, _freeze(attributes))
 
 
@@ -270,7 +271,9 @@ class ModelState:
                 hooked.append(HookedModule(path, kinds, rule_for(kinds)))
         training = tuple(path for path, d in self._dicts if path and d.get("training"))
         processors = tuple(
-            (path, processor_state(getattr(module, "processor", None))) for path, module in self._attention
+            (path, processor_state(getattr(module, "processor", None), custom_processor(
+                getattr(module, "processor", None), path, self.pure_forwards) is None))
+            for path, module in self._attention
         )
         return Structure(processors, tuple(hooked), training, self._opaque_code())
 

@@ -19,6 +19,7 @@ import torch
 from . import attention_breaks, attention_layouts, fingerprint, parallel, sabotage
 from ..config import BCGConfig
 from ..core.copy_back import BreakOutputMismatchError
+from ..core.handles import RemovableHandle
 from ..core.tree import tree_map
 from .eager_modules import EagerModules
 from ..errors import AccelerationError
@@ -84,7 +85,7 @@ class GraphRunner:
         self._root_opaque: dict[int, OpaqueCode | None] = {}
         self._spine: set[str] = set()
         self._compiled: tuple[Any, Callable] | None = None
-        self._undo_breaks: Callable[[], None] | None = None
+        self._breaks: RemovableHandle | None = None  # the attention breaks this transformer needs
         self._stream: torch.cuda.Stream | None = None
         self._last_stream: torch.cuda.Stream | None = None
         self._lock = threading.RLock()
@@ -308,10 +309,10 @@ class GraphRunner:
             )
         self.clear()
         self.hooked.apply(structure.hooked)
-        undo_old = self._undo_breaks
-        self._undo_breaks = attention_breaks.install(self.module, self.info.eager_functions)
-        if undo_old is not None:
-            undo_old()
+        old = self._breaks
+        self._breaks = attention_breaks.install(self.module, self.info.eager_functions)
+        if old is not None:
+            old.remove()
         self._structure = structure
         self._spine = spine_of([o.path for o in structure.opaque])
         for opaque in structure.opaque:
@@ -500,9 +501,9 @@ class GraphRunner:
             self.hooked.clear()
             self.eager_modules.restore()
             self.ranks.close()  # context parallelism: undoes the gather break
-            if self._undo_breaks is not None:
-                self._undo_breaks()
-                self._undo_breaks = None
+            if self._breaks is not None:
+                self._breaks.remove()
+                self._breaks = None
             self._structure = None
 
     def detach(self) -> None:

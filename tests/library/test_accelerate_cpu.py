@@ -85,8 +85,7 @@ def test_uncacheable_input_is_reported():
 
 def test_weights_fingerprint_sees_in_place_writes_and_new_parameters():
     model = torch.nn.Linear(3, 3)
-    fingerprint.acquire_registration_hooks()
-    try:
+    with fingerprint.registration_hooks():
         fp = fingerprint.WeightsFingerprint(model)
         first = fp.compute()
         assert fp.compute() == first
@@ -96,8 +95,6 @@ def test_weights_fingerprint_sees_in_place_writes_and_new_parameters():
         assert second != first
         model.extra = torch.nn.Parameter(torch.zeros(1))
         assert fp.compute() != second
-    finally:
-        fingerprint.release_registration_hooks()
 
 
 def test_text_buckets_pad_with_masked_tokens():

@@ -4,6 +4,8 @@ blocks that keep attention inside one graph (fullgraph=True)."""
 import pytest
 import torch
 
+from bcg_diffusion.core.handles import live_handles
+
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks, attention_op
 
@@ -47,9 +49,8 @@ def pretend_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("BCG_DIFFUSION", raising=False)
     yield
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
+    for handle in live_handles():  # a failed test must not leave patches behind
+        handle.remove()
 
 
 def test_compiled_blocks_keep_attention_in_one_graph(pretend_cuda, monkeypatch):

@@ -9,6 +9,8 @@ import copy
 
 import pytest
 import torch
+
+from bcg_diffusion.core.handles import live_handles
 from diffusers import FluxPipeline, FluxTransformer2DModel
 from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook, apply_group_offloading
 
@@ -25,9 +27,8 @@ def pretend_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("BCG_DIFFUSION", raising=False)
     yield
-    for key in list(attention_breaks._patches):  # a failed test must not leave patches behind
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
+    for handle in live_handles():  # a failed test must not leave patches behind
+        handle.remove()
 
 
 def _transformer(seed=0):
