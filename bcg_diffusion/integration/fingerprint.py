@@ -138,9 +138,9 @@ class WeightsFingerprint:
             self._refresh()
         # wrapper subclasses are expanded on every computation: their inner tensors can be replaced
         tensors = self._tensors + [leaf for w in self._wrappers for leaf in storage_tensors(w)]
-        ptrs = tuple(map(torch.Tensor.data_ptr, tensors))
+        ptrs = tuple(sorted(map(torch.Tensor.data_ptr, tensors)))  # the order of parameters() follows registration order
         versions = sum(map(_version_of, tensors))
-        adapters = tuple(_adapter_state(m) for m in self._adapters)
+        adapters = tuple(sorted((_adapter_state(m) for m in self._adapters), key=repr))
         return (len(tensors), hash(ptrs), versions, adapters)
 
 

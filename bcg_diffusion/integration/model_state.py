@@ -188,6 +188,10 @@ def processor_state(processor: Any, with_attributes: bool = True) -> tuple:
     return (id(processor), type(processor).__qualname__, _freeze(attributes))
 
 
+def _path(item: tuple) -> str:
+    return item[0]
+
+
 def _base_forward(module: torch.nn.Module, d: dict) -> Any:
     """What ``module`` runs below its diffusers hooks (its own forward, or a replacement)."""
     registry = registry_of(module)
@@ -269,13 +273,16 @@ class ModelState:
             kinds = tuple(n for n in names if n not in INLINE_HOOKS) + _torch_hook_kinds(module)
             if path and kinds:  # the transformer's own hooks run outside its graphs, on every call
                 hooked.append(HookedModule(path, kinds, rule_for(kinds)))
-        training = tuple(path for path, d in self._dicts if path and d.get("training"))
+        training = tuple(sorted(path for path, d in self._dicts if path and d.get("training")))
         processors = tuple(
             (path, processor_state(getattr(module, "processor", None), custom_processor(
                 getattr(module, "processor", None), path, self.pure_forwards) is None))
             for path, module in self._attention
         )
-        return Structure(processors, tuple(hooked), training, self._opaque_code())
+        # sorted by path: a block list put back in its parent (unittest.mock.patch.object, as cache-dit
+        # does for every call) moves to the end of the parent's children, which changes nothing
+        return Structure(tuple(sorted(processors, key=_path)), tuple(sorted(hooked, key=lambda h: h.path)), training,
+                         self._opaque_code())
 
     def _opaque_code(self) -> tuple[OpaqueCode, ...]:
         """Submodules whose forward, class forward or attention processor is opaque Python."""
@@ -294,4 +301,4 @@ class ModelState:
                 opaque = custom_processor(getattr(module, "processor", None), path, pure)
             if opaque is not None:
                 found.append(opaque)
-        return tuple(found)
+        return tuple(sorted(found, key=lambda o: o.path))

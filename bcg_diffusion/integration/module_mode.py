@@ -27,6 +27,8 @@ Contracts:
   returns copies of its outputs, and copies every input into its static buffers. Without it
   (the transformer's own code), outputs are the graph's buffers, kept alive by the graph, and an
   input that is an earlier unit's output of the same call is read in place.
+- A unit whose capture fails (host work in its own forward) joins the eager spine from its next
+  call: its children become units.
 - The transformer's outputs are cloned by the runner (they may alias a unit's outputs).
 """
 
@@ -124,8 +126,10 @@ class ChildGraphs:
         fresh_outputs: bool = False,
         device_type: str = "cuda",
         replay: Callable[[Any, Callable], Any] | None = None,
+        skip: set[str] | None = None,
     ) -> None:
         self.units = units
+        self._skip = skip or set()
         self._modules = dict(units)
         self.device_type = device_type
         self.fresh_outputs = fresh_outputs
@@ -256,7 +260,23 @@ class ChildGraphs:
         slot.borrowed = borrowed
         if slot.entry.fallback is not None:
             self.counters.failed_captures += 1
-            logger.info("bcg: module mode: %s runs eagerly (%s)", slot.path, slot.entry.fallback)
+            if self._expand(slot.path):
+                logger.info("bcg: module mode: %s does host work in its own forward (%s); its forward runs eagerly "
+                            "from its next call and its submodules replay", slot.path, slot.entry.fallback)
+            else:
+                logger.info("bcg: module mode: %s runs eagerly (%s)", slot.path, slot.entry.fallback)
+
+    def _expand(self, path: str) -> bool:
+        """Put a unit whose capture failed on the eager spine: its children become units (from the
+        next transformer call). False when it has none that could replay."""
+        module = self._modules[path]
+        children = [(p, c) for p, c in _children(module, f"{path}.")
+                    if p not in self._skip and next(c.children(), None) is not None]
+        if not children:
+            return False
+        self.units = [u for u in self.units if u[0] != path] + children
+        self._modules.update(children)
+        return True
 
     def _note_outputs(self, outputs: Any) -> None:
         for _, _, leaf in walk(outputs):

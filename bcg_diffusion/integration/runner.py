@@ -252,7 +252,7 @@ class GraphRunner:
         entry.eager_reason = self._opaque_summary(opaque)
         entry.children = ChildGraphs(
             replay_units(self.module, self._spine, skip), self._child_capturer(entry), self.config.warmup_iters,
-            fresh_outputs=True, device_type=self.device_type, replay=self._replay_child,
+            fresh_outputs=True, device_type=self.device_type, replay=self._replay_child, skip=skip,
         )
         self.entries[key] = entry
         return self._run_module_mode(entry, forward, args, kwargs)
@@ -401,7 +401,7 @@ class GraphRunner:
             skip = {h.path for h in self._structure.hooked} if self._structure else set()
             entry.children = ChildGraphs(
                 replay_units(self.module, set(), skip), self._child_capturer(entry), self.config.warmup_iters,
-                device_type=self.device_type, replay=self._replay_child,
+                device_type=self.device_type, replay=self._replay_child, skip=skip,
             )
         elif entry.fallback is not None:
             self.failed_captures += 1

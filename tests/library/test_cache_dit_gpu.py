@@ -122,8 +122,8 @@ def test_cache_dit_with_compiled_blocks(order):
     family = "flux"
     twin, accelerated = cd.twins(family, "cuda")
     torch._dynamo.reset()
-    cd.enable(accelerated, "dbcache", order=order, config=bcg.BCGConfig())
     cd.enable(twin, "dbcache")
+    cd.enable(accelerated, "dbcache", order=order, config=bcg.BCGConfig())
     for pipe in (twin, accelerated):
         pipe.transformer.compile_repeated_blocks(fullgraph=True, dynamic=False)
     try:
