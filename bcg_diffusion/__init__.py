@@ -19,15 +19,34 @@ from .integration.entries import BCGCaptureWarning
 from .errors import AccelerationError
 from .families import KNOWN_TRANSFORMERS, UnknownTransformerError
 from .stats import BCGStats, GraphEntryStats
+from .step_caches import CachePasses, count_cache_passes
 from .warmup import WarmedShape, WarmupReport, warmup
 
 __version__ = "0.1.0"
+
+
+def install_attention_breaks(transformer):
+    """Route ``transformer``'s attention calls through the library's attention wrappers, without
+    accelerating it; returns the function that undoes it (call it once).
+
+    The wrappers replace ``dispatch_attention_fn`` in the transformer's module and, where its processors
+    call it directly, ``torch.nn.functional.scaled_dot_product_attention``. Outside a capture they call
+    the original; traced by ``torch.compile`` each call becomes one custom op (``bcg::dispatch_attention``
+    or ``bcg::sdpa``), so a tool can let Inductor split its own CUDA graphs at attention
+    (``graph_partition=True, custom_should_partition_ops=[...]``). The patch is process-wide and
+    reference-counted: it is shared with accelerated transformers and stays until every holder undid it.
+    """
+    from .integration import attention_breaks
+
+    return attention_breaks.install(transformer)
+
 
 __all__ = [
     "AccelerationError",
     "BCGCaptureWarning",
     "BCGConfig",
     "BCGStats",
+    "CachePasses",
     "CompileCache",
     "GraphEntryStats",
     "KNOWN_TRANSFORMERS",
@@ -38,9 +57,11 @@ __all__ = [
     "accelerate_pipeline",
     "accelerate_transformer",
     "clear_graphs",
+    "count_cache_passes",
     "eager_on_graph",
     "get_current_replay_token",
     "get_stats",
+    "install_attention_breaks",
     "is_accelerated",
     "remove_acceleration",
     "use_compile_cache",

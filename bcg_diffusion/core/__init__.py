@@ -19,6 +19,7 @@ from .copy_back import BreakOutputMismatchError, copy_into
 from .graph import BreakableCUDAGraph, GraphState
 from .nonowning import non_owning_view
 from .replay_token import get_current_replay_token, replay_token_scope
+from .tree import walk
 
 __all__ = [
     "BreakableCUDAGraph",
@@ -42,4 +43,5 @@ __all__ = [
     "returns_boxed_tuples_under_capture",
     "stream_capture_status",
     "unbox_tuple",
+    "walk",
 ]

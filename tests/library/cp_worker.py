@@ -117,7 +117,7 @@ def build_transformer(family: str, seed: int, device: Any, dtype: Any):
     """The family's tiny transformer with random weights drawn from ``seed`` (equal on every rank)."""
     import torch
 
-    import pipelines
+    import bcg_pipelines as pipelines
 
     spec = pipelines.get_family(family)
     torch.manual_seed(seed)

@@ -7,7 +7,7 @@ import torch
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks, attention_op
 
-pipelines = pytest.importorskip("pipelines")
+pipelines = pytest.importorskip("bcg_pipelines")
 
 
 def _qkv(b=2, h=2, s=5, d=8, seed=0):
