@@ -1,11 +1,12 @@
-"""Running the application with uvicorn on a socket bound first, so ``--port 0`` can report its port."""
+"""Running the application with uvicorn on a socket bound first, so ``--port 0`` can report its port.
+
+uvicorn (the ``serve`` extra) is imported by :func:`serve` only, so that the server's options, the listening
+line and the sockets are there without it."""
 
 from __future__ import annotations
 
 import socket
 from typing import Callable
-
-import uvicorn
 
 __all__ = ["LISTENING_PREFIX", "bind_socket", "serve", "url_of"]
 
@@ -35,21 +36,22 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class _AnnouncingServer(uvicorn.Server):
-    """A uvicorn server that calls ``on_listening()`` once it has started accepting connections."""
-
-    def __init__(self, config: uvicorn.Config, on_listening: Callable[[], None]):
-        super().__init__(config)
-        self._on_listening = on_listening
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            self._on_listening()
-
-
 def serve(app, sock: socket.socket, on_listening: Callable[[str], None], log_level: str = "warning") -> None:
     """Serve ``app`` on ``sock`` until SIGINT or SIGTERM; ``on_listening(url)`` once it accepts connections."""
+    import uvicorn
+
+    class _AnnouncingServer(uvicorn.Server):
+        """A uvicorn server that calls ``on_listening()`` once it has started accepting connections."""
+
+        def __init__(self, config: uvicorn.Config, on_listening: Callable[[], None]):
+            super().__init__(config)
+            self._on_listening = on_listening
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                self._on_listening()
+
     config = uvicorn.Config(app, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = _AnnouncingServer(config, lambda: on_listening(url_of(sock)))

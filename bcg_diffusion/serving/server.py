@@ -31,11 +31,12 @@ import bcg_pipelines as pipelines
 from bcg_diffusion.cli.options import Failure, add_model_options, choose_device, family_or_checkpoint
 from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
 
+from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
+
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
     from .app import ServerState, create_app
     from .granularity import pixel_granularity
-    from .listen import LISTENING_PREFIX, bind_socket, serve
     from .requests import RequestError, RequestLimits, RequestPlanner, parse_size
     from .startup_warmup import run_warmup
     from .worker import ImageGenerator, PipelineWorker, ServerCounters, parse_injection
