@@ -2,7 +2,7 @@
 
 Every process builds, compiles, captures and warms up anew, so a ratio near 1.00 moves between processes by
 more than a one-process run shows. :func:`combine_processes` takes the K result files of one run and gives,
-per case, for every ratio of :data:`bench.report.RATIOS` (time of the first mode over the second) and every
+per case, for every ratio of :data:`.report.RATIOS` (time of the first mode over the second) and every
 mode's median step time, the median over the processes, the spread (min-max) and the values; for the
 first-image row the same per mode and compile-cache state (cold / warm). :func:`verdict` words a ratio
 the way the docs do:

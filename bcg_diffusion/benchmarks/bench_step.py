@@ -4,7 +4,7 @@ For each case (family, size, shape, batch) it builds the pipeline with random we
 of the first transformer call of one real denoising step, and times ``transformer(**those inputs)`` in
 every mode, in one process, interleaved in rounds so that drift hits all modes alike. Default modes: eager,
 bcg, whole_graph, compile, compile_bcg, reduce_overhead; more with --modes (bcg_break, compile_bcg_break,
-compile_bcg_dynamic, compile_full_bcg, partition_ceiling; ``scripts/bench/modes.py``; docs/benchmarks.md).
+compile_bcg_dynamic, compile_full_bcg, partition_ceiling; :mod:`bcg_diffusion.benchmarks.modes`; docs/benchmarks.md).
 Case variants ``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8`` quantize the transformer; ``--cache-rows`` adds
 step caches end to end; ``--first-image`` the time to the first image per mode. ``--processes K`` repeats
 the whole run in K fresh processes and reports each ratio's median, spread and verdict. A case ending in

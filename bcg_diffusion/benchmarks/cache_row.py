@@ -1,6 +1,6 @@
 """The ``cache`` row: diffusers step caches end to end (full ``pipe(...)`` calls), with and without BCG.
 
-For each spec of ``--cache-rows`` (``fbc:0.5``, ``taylorseer:2``, ...; see :mod:`pipelines.caches`), on the
+For each spec of ``--cache-rows`` (``fbc:0.5``, ``taylorseer:2``, ...; see :mod:`bcg_diffusion.cli.cache_option`), on the
 case's pipeline and in this order:
 
 1. eager + cache (timed);
@@ -13,7 +13,7 @@ case's pipeline and in this order:
 
 Every timed call starts from a fresh cache state and counts the module passes the cache computed and
 reused (``bcg_diffusion.step_caches.count_cache_passes``). A spec that cannot run on the family (see
-``pipelines.caches.CACHE_FAMILIES``) is reported ``n/a`` with the reason. Afterwards the cache is disabled
+``bcg_diffusion.cli.cache_option.CACHE_FAMILIES``) is reported ``n/a`` with the reason. Afterwards the cache is disabled
 and the acceleration removed, so later rows and cases are unaffected.
 """
 

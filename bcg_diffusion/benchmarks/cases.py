@@ -4,7 +4,7 @@ A case is ``family[:size][:HxW][:fFRAMES][:bBATCH][:bin][:cpN[r]][@VARIANT]``, e
 ``bin`` keeps the pipeline's resolution binning on (PixArt, Sana: the asked size snaps to the model's aspect-ratio
 bins, as diffusers does by default; without it the transformer runs exactly the asked size). ``cpN`` runs the
 transformer with diffusers context parallelism of degree N, Ulysses (``cpNr``: ring), under
-``torchrun --nproc_per_node N`` (:mod:`bench.parallel`). A variant
+``torchrun --nproc_per_node N`` (:mod:`.parallel`). A variant
 names an entry of :data:`VARIANTS`: a function that changes the built pipeline before anything is measured
 (``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8``: the transformer quantized with torchao); add one there to get
 a new kind of case. A variant with an ``unavailable()`` method that returns a reason (torchao missing) makes
@@ -52,7 +52,7 @@ QUICK_MATRIX = (
 )
 
 class QuantVariant:
-    """``@fp8`` and its siblings: the transformer quantized with torchao (``pipelines.quant``) right after the
+    """``@fp8`` and its siblings: the transformer quantized with torchao (:mod:`bcg_diffusion.cli.quant_option`) right after the
     build, the same quantization in every mode of the case."""
 
     def __init__(self, name: str):

@@ -9,11 +9,11 @@ denoising step (CUDA events around the transformer calls) and the input the tran
 - ``first_image_s`` = set-up + first call: from a built pipeline to the first image in this mode;
 - ``one_off_s`` = set-up + first call - second call: what the mode costs once (compile, capture, warm-up);
 - ``first_image_over_eager`` = ``first_image_s`` / eager's second call: the first image against an eager
-  image (the issue-20 target: BCG at Flux 512 px <= 0.7);
+  image (the target: BCG at Flux 512 px <= 0.7);
 - ``first_step_over_median``: the first call's first step over its median later step (after
   ``warmup``, the target is <= 1.2).
 
-Compiled modes compile into their own cache folder (:func:`bench.compile_cache.mode_cache`): cold where
+Compiled modes compile into their own cache folder (:func:`.compile_cache_dirs.mode_cache`): cold where
 the folder is new, warm where an earlier process filled it (``--processes 2 --compile-cache shared``).
 Before the first mode, one untimed 1-step eager image at the case's shape initialises CUDA, cuBLAS,
 cuDNN, the text encoders and the VAE, so that no mode pays the process's start. The row runs before the

@@ -49,7 +49,7 @@ class Settings:
     cache_compile: bool = False  # --cache-compile: the cache row also runs regional compile + cache
     setup_timeout: float | None = None  # --setup-timeout: seconds a mode's set-up may take (None: no limit)
     first_image: tuple[str, ...] = ()  # --first-image: the modes of the first-image row (empty: no such row)
-    compile_cache: Any = None  # the process's bench.compile_cache.ProcessCompileCache (None: Inductor's default)
+    compile_cache: Any = None  # the process's compile_cache_dirs.ProcessCompileCache (None: Inductor's default)
 
 
 class SetupTimeout(BaseException):
@@ -327,7 +327,7 @@ def _run_rows(rows, pipe, call, case: Case, settings: Settings, clock: Clock, lo
 def measure_modes(ctx: StepContext, case: Case, modes: list[str], settings: Settings, clock: Clock, log,
                   ranks: Ranks) -> dict[str, dict]:
     """The per-step modes of the case; on a context-parallel case every rank's results, combined (the
-    slowest rank's numbers: :func:`bench.parallel.combine_ranks`)."""
+    slowest rank's numbers: :func:`.parallel.combine_ranks`)."""
     if not case.cp:
         return run_modes(ctx, modes, settings, clock, log)
     results = combine_ranks(ranks.gather(run_modes(ctx, modes, settings, clock, log, profile_calls=3)))

@@ -23,7 +23,7 @@ import torch
 
 from bcg_diffusion.cli.speedups import enable_context_parallel, set_attention_backend
 
-#: NVLink multicast off wherever a program starts (KINDS.md of the GPU machines; issue 19), unless set.
+#: NVLink multicast off wherever a program starts (docs/multi-gpu.md), unless the user set the variable.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 RING_BACKEND = "_native_cudnn"  # ring attention needs the log-sum-exp, which diffusers' native backend lacks
 SCRIPT = "scripts/bench_step.py"

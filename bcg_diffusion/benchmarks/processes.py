@@ -4,8 +4,8 @@ The parent measures nothing. It starts ``bench_step.py`` again K times, one afte
 options, each child writing its result files into ``<out>/<run>_processes/p<i>/`` and told its index
 (``--process-index i/K``) and compile-cache folder; context-parallel cases start each child through
 ``python -m torch.distributed.run --standalone --nproc_per_node N``. Then the parent reads the children's
-JSON files (:func:`bench.merge.read_result`), checks that they come from one set-up
-(:func:`bench.merge.check_alike`) and writes the across-process report (:mod:`bench.across`).
+JSON files (:func:`.merge.read_result`), checks that they come from one set-up
+(:func:`.merge.check_alike`) and writes the across-process report (:mod:`.across`).
 
 Compile caches (``--compile-cache``): ``fresh`` (the default here) gives every child its own new empty
 folder, so every process compiles cold; ``shared`` gives all children one new folder (the first compiles

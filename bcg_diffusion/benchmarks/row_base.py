@@ -1,7 +1,7 @@
 """What a whole-pipeline row is (:class:`Row`) and the small formatting helpers the rows' tables share.
 
-A row module (:mod:`bench.e2e_row`, :mod:`bench.cache_row`, :mod:`bench.first_image`) defines its ``Row``;
-:mod:`bench.rows` collects them into the registry. Imports point one way: rows -> row modules -> here.
+A row module (:mod:`.e2e_row`, :mod:`.cache_row`, :mod:`.first_image`) defines its ``Row``;
+:mod:`.rows` collects them into the registry. Imports point one way: rows -> row modules -> here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The registry of whole-pipeline rows: full ``pipe(...)`` calls of a case, measured besides the per-step modes.
 
-A row is a :class:`bench.row_base.Row` defined in its own module; :data:`ROW_REGISTRY` lists them in the
-order of the report: ``first_image`` (``--first-image``; :mod:`bench.first_image`, runs before the per-step
-modes), ``e2e`` (eager vs BCG end to end, ``--e2e``; :mod:`bench.e2e_row`) and ``cache`` (step caches end
-to end, ``--cache-rows``; :mod:`bench.cache_row`). To add a row: write its module with ``run``,
+A row is a :class:`.row_base.Row` defined in its own module; :data:`ROW_REGISTRY` lists them in the
+order of the report: ``first_image`` (``--first-image``; :mod:`.first_image`, runs before the per-step
+modes), ``e2e`` (eager vs BCG end to end, ``--e2e``; :mod:`.e2e_row`) and ``cache`` (step caches end
+to end, ``--cache-rows``; :mod:`.cache_row`). To add a row: write its module with ``run``,
 ``markdown`` and ``enabled`` and :func:`register` its ``Row`` here.
 """
 

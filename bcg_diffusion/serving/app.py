@@ -78,7 +78,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post(GENERATIONS_PATH)
     async def generations(request: Request):
-        """Generate ``n`` images for a prompt; the body is :class:`serving.requests.ImageRequest`."""
+        """Generate ``n`` images for a prompt; the body is :class:`.requests.ImageRequest`."""
         state.counters.add("requests")
         status = 500
         try:

@@ -17,7 +17,7 @@ DEFAULT_PROMPTS = (
     "a watercolor painting of a quiet harbor town in spring",
     "a close-up portrait of an old fisherman, weathered skin, soft light",
 )
-#: The issue's mix at about 512 x 512 pixels each: warm the first three (the server's --warmup), not the last.
+#: The default mix, about 512 x 512 pixels each: warm the first three (the server's --warmup), not the last.
 DEFAULT_SIZES = ("512x512", "448x576", "576x448", "384x640")
 
 

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="load.py",
         description="Bounded load test of scripts/serve.py servers on 127.0.0.1 (one, or two side by side).",
-        epilog="See docs/serving.md for the issue's PixArt and Flux runs.",
+        epilog="See docs/serving.md for the PixArt and Flux runs.",
     )
     g = p.add_argument_group("servers (one of)")
     g.add_argument("--url", action="append", default=[], metavar="URL",

@@ -152,15 +152,15 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
 class RequestPlanner:
     """Turns request bodies into :class:`GenerationJob` for one pipeline, checking every limit first.
 
-    ``spec`` is the pipeline's family (``None`` for a checkpoint of no known family) and ``size`` its
-    ``--size`` (the family defaults come from it). ``resolution_binning=False`` passes
+    ``spec`` is the pipeline's family (``None`` for a checkpoint of no known family) and ``size`` its model
+    size, ``--size`` tiny or full (the family defaults come from it; a request's ``size`` is an image size, WxH). ``resolution_binning=False`` passes
     ``use_resolution_binning=False`` wherever the pipeline takes it. The pipeline itself is only read
     (its call signature), never called.
     """
 
     pipe: Any
     spec: Any
-    size: str
+    size: str  # the model size (tiny, full), not an image size
     limits: RequestLimits
     default_width: int
     default_height: int
@@ -203,7 +203,7 @@ class RequestPlanner:
         if not 1 <= n <= max_n:
             why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
             raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
-        width, height = self._size(r.size)
+        width, height = self._pixels(r.size)
         steps = r.num_inference_steps if r.num_inference_steps is not None else self.default_steps
         if not 1 <= steps <= lim.max_steps:
             raise RequestError(f"num_inference_steps={steps} is out of range: 1 .. {lim.max_steps}",
@@ -217,7 +217,8 @@ class RequestPlanner:
         call = self._call(r, width, height, steps, n)
         return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call)
 
-    def _size(self, size: str | None) -> tuple[int, int]:
+    def _pixels(self, size: str | None) -> tuple[int, int]:
+        """The width and height of a request's ``size`` (``WxH``, ``auto`` or none: the default)."""
         lim = self.limits
         if size is None or size == "auto":
             return self.default_width, self.default_height

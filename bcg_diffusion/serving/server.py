@@ -204,15 +204,16 @@ def default_steps(pipe, spec, args) -> int:
     return value if isinstance(value, int) and value > 0 else CHECKPOINT_DEFAULT_STEPS
 
 
-def family_size(args) -> str:
-    """The size whose defaults apply: ``--size`` for random weights; ``full`` for a checkpoint (the published model)."""
+def model_size(args) -> str:
+    """The model size whose defaults apply: ``--size`` for random weights; ``full`` for a checkpoint (the published
+    model)."""
     return args.size if args.model in pipelines.list_families() else "full"
 
 
 def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     g = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
     limits = RequestLimits(granularity=g, max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n)
-    size = family_size(args)
+    size = model_size(args)
     if default_size is None:
         default_size = ((spec.size(size).width, spec.size(size).height) if spec is not None
                         else CHECKPOINT_DEFAULT_SIZE)

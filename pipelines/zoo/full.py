@@ -373,7 +373,7 @@ FULL_CASES: dict[str, FullCase] = {
         build_inputs=_hidream, tokens=_hidream_tokens, describe=_hidream_describe,
         source="HiDream-I1-Full config via the diffusers HiDream conversion script (hlky/diffusers); "
                "= HiDream-I1-Dev diffusers config",
-        note="512 px as the issue asks: HiDreamImagePipeline itself rescales every requested size to about "
+        note="512 px, a launch-bound shape: HiDreamImagePipeline itself rescales every requested size to about "
              "1024x1024 (S_max = 1024^2), so its own calls have 4x the image tokens"),
 }
 
