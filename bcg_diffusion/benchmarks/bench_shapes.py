@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import bcg_pipelines as pipelines
+
 from .report import environment, output_base
 from .shapes import (
     DEFAULT_FAMILY, DEFAULT_MODES, DEFAULT_SHAPES, NO_CUDA_NOTE, SHAPE_MODES, ShapeSettings, markdown, parse_shapes,

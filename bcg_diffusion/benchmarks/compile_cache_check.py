@@ -21,8 +21,9 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from .capture_profile import image_call, transformer_inputs
 from bcg_diffusion.cli.speedups import regional_compile
+
+from .capture_profile import image_call, transformer_inputs
 
 
 def dynamo_phases() -> dict[str, float]:

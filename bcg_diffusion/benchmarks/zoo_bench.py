@@ -44,9 +44,10 @@ import torch
 
 import bcg_diffusion
 from bcg_diffusion.core import reset_generator_capture_state
-from .timing import Clock, profile_kernels, summarize
 from bcg_pipelines.zoo import full
-from .zoo_probe import entry_summary, compare, listening, snapshot, stats_dict
+
+from .timing import Clock, profile_kernels, summarize
+from .zoo_probe import compare, entry_summary, listening, snapshot, stats_dict
 
 DEFAULT_OUT = Path("bench_results")
 DEFAULT_CASES = ",".join(full.FULL_CASES)
