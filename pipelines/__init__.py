@@ -1,5 +1,8 @@
 """Model families of bcg-diffusion: registry, random-weight builders and real-weight loading.
 
+The folder ``pipelines/`` of the repository installs as the package ``bcg_pipelines`` (``import
+bcg_pipelines``), so that it cannot collide with any other top-level ``pipelines``; see docs/pipelines.md.
+
 Public API::
 
     list_families() -> list[str]
@@ -20,7 +23,7 @@ from .build import build_pipeline
 from .calls import call_parameters, fit_call, generated, plan_call
 from .describe import FamilyDescription, describe, transformer_param_count
 from .dtypes import DTYPE_NAMES, DTYPES, dtype_name, resolve_device, resolve_dtype
-from .load import load_pipeline
+from .real_weights import load_pipeline
 from .registry import (
     CFG_MODES,
     SIZES,

@@ -33,7 +33,7 @@ def plan_call(
     """Keyword arguments of ``pipe(...)`` for ``family`` at ``size``, before any pipeline exists.
 
     A family's call is its default call (steps, guidance, CFG extras such as Qwen-Image's negative
-    prompt) with the shape checked by :func:`pipelines.check_call` (``ValueError`` saying what is
+    prompt) with the shape checked by :func:`bcg_pipelines.check_call` (``ValueError`` saying what is
     allowed) and the given values put in; the guidance goes to the family's own keyword. With
     ``family=None`` (a checkpoint of no known family) the call holds only what was given.
     """

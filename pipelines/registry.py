@@ -3,7 +3,7 @@
 A family is one published diffusers pipeline (Flux.1-dev, SD3.5-medium, ...). Its :class:`FamilySpec`
 names the real diffusers classes, the published transformer config (``full``) and a tiny config with the
 same block structure (``tiny``), the VAE and text encoders, the scheduler, default call settings and how
-classifier-free guidance (CFG) is run. Family modules live in :mod:`pipelines.families`; this module only
+classifier-free guidance (CFG) is run. Family modules live in :mod:`bcg_pipelines.family_specs`; this module only
 holds the data types and the lookups over them. Which families exist, and in which order, is the library's
 ``bcg_diffusion.KNOWN_TRANSFORMERS``.
 """
@@ -39,7 +39,7 @@ __all__ = [
 #: ``none``: distilled to need no guidance at all (one call per step, no guidance input).
 CFG_MODES = ("batched", "two_calls", "embedded", "none")
 
-#: Size names accepted by :func:`pipelines.build_pipeline`.
+#: Size names accepted by :func:`bcg_pipelines.build_pipeline`.
 SIZES = ("tiny", "full")
 
 
@@ -59,9 +59,9 @@ def _frozen(mapping: Mapping | None) -> Mapping:
 class TextEncoderSpec:
     """One text encoder + tokenizer pair of a pipeline.
 
-    ``kind`` is a model kind of :data:`pipelines.text_encoders.KINDS`, ``tokenizer_style`` a maker of
-    :mod:`pipelines.tokenizers`; ``tiny_preset`` / ``full_preset`` name entries of
-    :data:`pipelines.text_encoders.PRESETS` (whose note says how a full preset differs from ``real_model``).
+    ``kind`` is a model kind of :data:`bcg_pipelines.text_encoders.KINDS`, ``tokenizer_style`` a maker of
+    :mod:`bcg_pipelines.tokenizers`; ``tiny_preset`` / ``full_preset`` name entries of
+    :data:`bcg_pipelines.text_encoders.PRESETS` (whose note says how a full preset differs from ``real_model``).
     """
 
     component: str
@@ -189,12 +189,12 @@ class FamilySpec:
 
 @functools.lru_cache(maxsize=None)
 def _registry() -> Mapping[str, FamilySpec]:
-    """One spec per supported family, from module ``pipelines.families.<family>``."""
+    """One spec per supported family, from module ``bcg_pipelines.family_specs.<family>``."""
     specs = {}
     for name, transformer_class_name in _supported_families().items():
-        spec: FamilySpec = importlib.import_module(f"pipelines.families.{name}").SPEC
+        spec: FamilySpec = importlib.import_module(f"{__package__}.family_specs.{name}").SPEC
         if (spec.name, spec.transformer_class_name) != (name, transformer_class_name):
-            raise RuntimeError(f"pipelines.families.{name} defines family {spec.name!r} with transformer "
+            raise RuntimeError(f"{__package__}.family_specs.{name} defines family {spec.name!r} with transformer "
                                f"{spec.transformer_class_name}; bcg_diffusion.KNOWN_TRANSFORMERS maps "
                                f"{transformer_class_name} to {name!r}")
         specs[name] = spec

@@ -1,13 +1,13 @@
 """Text encoders with random weights, built from transformers config classes.
 
 Each *kind* maps to a transformers config + model class and base settings; a family's
-:class:`~pipelines.registry.TextEncoderSpec` adds per-size overrides (the presets below). Token ids
+:class:`~bcg_pipelines.registry.TextEncoderSpec` adds per-size overrides (the presets below). Token ids
 (bos/eos/pad) come from the locally made tokenizer, and its length must fit the model's vocabulary.
 
 Full-size presets keep the output width the diffusion transformer expects (hidden size, heads, head
 dim). Encoders of billions of parameters are shrunk in depth (and vocabulary, since the local
 tokenizers use a few thousand ids); each preset's ``note`` says how. The weights are whatever the
-transformers initialisers draw from the current torch RNG: :func:`pipelines.build_pipeline` seeds it.
+transformers initialisers draw from the current torch RNG: :func:`bcg_pipelines.build_pipeline` seeds it.
 """
 
 from __future__ import annotations
@@ -235,8 +235,8 @@ _TOKENIZER_MAKERS = {
 
 
 def build_tokenizer(style: str, max_length: int):
-    """A locally made tokenizer of ``style`` (see :mod:`pipelines.tokenizers`) with ``model_max_length``."""
-    toks = importlib.import_module("pipelines.tokenizers")
+    """A locally made tokenizer of ``style`` (see :mod:`bcg_pipelines.tokenizers`) with ``model_max_length``."""
+    toks = importlib.import_module(f"{__package__}.tokenizers")
     if style not in _TOKENIZER_MAKERS:
         raise ValueError(f"unknown tokenizer style {style!r}; known: {', '.join(_TOKENIZER_MAKERS)}")
     maker = getattr(toks, _TOKENIZER_MAKERS[style])

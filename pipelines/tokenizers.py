@@ -9,7 +9,7 @@ No tokenizer can be downloaded here, so each one is built in code from a fixed E
 
 Contract: the same call returns an equal tokenizer in every process (no hash-order or trainer
 randomness); vocabularies stay below :data:`MAX_VOCAB` ids, so every text encoder built by
-:mod:`pipelines.text_encoders` fits them. Prompts tokenize differently from the real models (other ids,
+:mod:`bcg_pipelines.text_encoders` fits them. Prompts tokenize differently from the real models (other ids,
 other splits of rare words); special tokens, padding sides, chat templates and maximum lengths follow
 what each pipeline relies on. All tokenizers survive ``save_pretrained`` / ``from_pretrained``.
 """

@@ -4,8 +4,8 @@ import contextlib
 
 import torch
 
-import pipelines
-from pipelines.caches import cache_config, enable_cache
+import bcg_pipelines as pipelines
+from bcg_diffusion.cli.cache_option import cache_config, enable_cache
 
 PROMPT = "a red fox jumping over a frozen river at dawn"
 

@@ -17,8 +17,10 @@ from .capture import (
 )
 from .copy_back import BreakOutputMismatchError, copy_into
 from .graph import BreakableCUDAGraph, GraphState
+from .handles import RemovableHandle, live_handles
 from .nonowning import non_owning_view
 from .replay_token import get_current_replay_token, replay_token_scope
+from .tree import walk
 
 __all__ = [
     "BreakableCUDAGraph",
@@ -27,6 +29,7 @@ __all__ = [
     "CaptureStatus",
     "CudaRuntimeError",
     "GraphState",
+    "RemovableHandle",
     "_BCGBoxedTupleOutput",
     "box_tuple",
     "break_graph",
@@ -36,10 +39,12 @@ __all__ = [
     "eager_on_graph",
     "get_current_replay_token",
     "is_capturing_breakable",
+    "live_handles",
     "non_owning_view",
     "replay_token_scope",
     "reset_generator_capture_state",
     "returns_boxed_tuples_under_capture",
     "stream_capture_status",
     "unbox_tuple",
+    "walk",
 ]

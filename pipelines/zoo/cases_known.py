@@ -1,6 +1,6 @@
 """Zoo cases of the families in ``bcg_diffusion.KNOWN_TRANSFORMERS``.
 
-Configs are the families' own tiny configs (:mod:`pipelines.families`); the inputs have the kinds, devices
+Configs are the families' own tiny configs (:mod:`bcg_pipelines.family_specs`); the inputs have the kinds, devices
 and layouts each pipeline passes (recorded from the tiny pipelines' first denoising step), with shorter
 text sequences.
 """

@@ -2,7 +2,7 @@
 launch-bound shape, for a per-call benchmark (``scripts/zoo_bench.py``).
 
 LTX-2 (``LTX2VideoTransformer3DModel``), HunyuanVideo 1.5 (``HunyuanVideo15Transformer3DModel``) and HiDream-I1
-(``HiDreamImageTransformer2DModel``) have text encoders of 8-12B parameters, so ``pipelines`` builds no pipeline
+(``HiDreamImageTransformer2DModel``) have text encoders of 8-12B parameters, so ``bcg_pipelines`` builds no pipeline
 for them; the benchmark times one transformer call. Each :class:`FullCase` holds the **published config** of
 the real checkpoint as init kwargs of the diffusers 0.42.1 class (where it came from is said beside it), a
 small variant (the same flags and block kinds, small widths and 1-2 blocks of each kind, for CPU tests), and an
@@ -373,7 +373,7 @@ FULL_CASES: dict[str, FullCase] = {
         build_inputs=_hidream, tokens=_hidream_tokens, describe=_hidream_describe,
         source="HiDream-I1-Full config via the diffusers HiDream conversion script (hlky/diffusers); "
                "= HiDream-I1-Dev diffusers config",
-        note="512 px as the issue asks: HiDreamImagePipeline itself rescales every requested size to about "
+        note="512 px, a launch-bound shape: HiDreamImagePipeline itself rescales every requested size to about "
              "1024x1024 (S_max = 1024^2), so its own calls have 4x the image tokens"),
 }
 
@@ -397,7 +397,7 @@ def _transformer_class(class_name: str) -> type:
 
 def _fill_zero_parameters(model: torch.nn.Module, seed: int) -> None:
     """Parameters that the class initialises to all zeros get small seeded random values on their own
-    device (as :func:`pipelines.zoo.case._fill_zero_parameters`, without a CPU round trip)."""
+    device (as :func:`bcg_pipelines.zoo.case._fill_zero_parameters`, without a CPU round trip)."""
     generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for param in model.parameters():
@@ -410,11 +410,11 @@ def _fill_zero_parameters(model: torch.nn.Module, seed: int) -> None:
 def build_model(case: FullCase | str, size: str = "full", device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
     """The model of ``case`` at ``size`` with random weights, constructed directly on ``device`` in ``dtype``
-    (``pipelines.build``'s way: no CPU initialisation of billions of parameters), seeded, in eval mode with
+    (``bcg_pipelines.build``'s way: no CPU initialisation of billions of parameters), seeded, in eval mode with
     gradients off. Parameters left uninitialised by the class start as zeros, and parameters that are all zero
     after init get small random values, so every layer shapes the output. The class's
     ``_keep_in_fp32_modules`` (none of the three has any) are kept in float32 as ``from_pretrained`` does."""
-    from pipelines.build import _construct_on, _place
+    from ..build import _construct_on, _place
 
     case = get_case(case) if isinstance(case, str) else case
     config = case.config_for(size)

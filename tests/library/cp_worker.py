@@ -141,7 +141,7 @@ def build_transformer(family: str, seed: int, device: Any, dtype: Any, size: str
     rank), constructed in ``dtype`` (a full-size model never exists in fp32)."""
     import torch
 
-    import pipelines
+    import bcg_pipelines as pipelines
 
     spec = pipelines.get_family(family)
     torch.manual_seed(seed)

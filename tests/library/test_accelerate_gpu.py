@@ -8,7 +8,7 @@ import torch
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks
 
-pipelines = pytest.importorskip("pipelines")
+pipelines = pytest.importorskip("bcg_pipelines")
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ from bcg_diffusion.core.handles import live_handles
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks, attention_op
 
-pipelines = pytest.importorskip("pipelines")
+pipelines = pytest.importorskip("bcg_pipelines")
 
 
 def _qkv(b=2, h=2, s=5, d=8, seed=0):

@@ -12,9 +12,9 @@ import warnings
 import pytest
 import torch
 
-import pipelines
+import bcg_pipelines as pipelines
 from bcg_diffusion.step_caches import count_cache_passes
-from pipelines.caches import (
+from bcg_diffusion.cli.cache_option import (
     CACHE_FAMILIES, CACHE_NAMES, cache_config, cache_unsupported_reason, check_cache, disable_cache, enable_cache,
     reset_cache_state)
 

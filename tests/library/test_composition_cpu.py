@@ -19,7 +19,7 @@ from bcg_diffusion import accelerate as acc
 from bcg_diffusion.integration import attention_breaks, keys, model_hooks
 from bcg_diffusion.integration.runner import GraphRunner
 
-pipelines = pytest.importorskip("pipelines")
+pipelines = pytest.importorskip("bcg_pipelines")
 
 
 @pytest.fixture

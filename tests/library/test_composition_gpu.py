@@ -11,7 +11,7 @@ import torch
 
 import bcg_diffusion as bcg
 
-pytest.importorskip("pipelines")
+pytest.importorskip("bcg_pipelines")
 from _pipes import build, run  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -8,11 +8,11 @@ import torch
 
 import bcg_diffusion as bcg
 
-pytest.importorskip("pipelines")
+pytest.importorskip("bcg_pipelines")
 pytest.importorskip("torchao")
 from _pipes import build, run  # noqa: E402
 
-from pipelines.quant import QUANT_NAMES, quantize  # noqa: E402
+from bcg_diffusion.cli.quant_option import QUANT_NAMES, quantize  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 FAMILIES = ["flux", "pixart", "wan", "sd3"]
@@ -61,7 +61,7 @@ def test_diffusers_torchao_config_route_from_a_local_folder(tmp_path):
     """from_pretrained(..., quantization_config=TorchAoConfig(...)) from a local save, no hub download."""
     from diffusers import TorchAoConfig
 
-    from pipelines.quant import torchao_config
+    from bcg_diffusion.cli.quant_option import torchao_config
 
     family = "flux"
     source = build(family, dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks
 from bcg_diffusion.step_caches import count_cache_passes
 
-pytest.importorskip("pipelines")
+pytest.importorskip("bcg_pipelines")
 from _pipes import build, run, with_cache  # noqa: E402
 
 pytestmark = pytest.mark.gpu

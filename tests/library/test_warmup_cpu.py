@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bcg_diffusion
-import pipelines
+import bcg_pipelines as pipelines
 from _pipes import call_kwargs, with_cache
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-import pipelines
+import bcg_pipelines as pipelines
 from _pipes import build, call_kwargs, run
 
 pytestmark = pytest.mark.gpu

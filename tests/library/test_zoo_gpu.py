@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from pipelines import zoo
+from bcg_pipelines import zoo
 
 pytestmark = pytest.mark.gpu
 

@@ -17,15 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+BENCHMARKS = Path(__file__).resolve().parents[2] / "bcg_diffusion" / "benchmarks"
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 
-import bench_step  # noqa: E402
-import bench_shapes  # noqa: E402
-from bench import cache_row, measure, modes, report, rows  # noqa: E402
-from bench.cases import VARIANTS, parse_case  # noqa: E402
-from bench.timing import Clock  # noqa: E402
+from bcg_diffusion.benchmarks import bench_step  # noqa: E402
+from bcg_diffusion.benchmarks import bench_shapes  # noqa: E402
+from bcg_diffusion.benchmarks import cache_row, measure, modes, report, rows  # noqa: E402
+from bcg_diffusion.benchmarks.cases import VARIANTS, parse_case  # noqa: E402
+from bcg_diffusion.benchmarks.timing import Clock  # noqa: E402
 
 NEW_MODES = ("bcg_break", "compile_bcg_break", "compile_full_bcg", "partition_ceiling", "compile_bcg_dynamic")
 FAST = ["--iters", "2", "--rounds", "2", "--warmup", "1"]
@@ -42,7 +41,7 @@ def _no_leftover_patches():
 
 def _tiny_ctx(family="flux", cuda=False):
     """A StepContext with the recorded inputs of one real step of the tiny pipeline."""
-    import pipelines
+    import bcg_pipelines as pipelines
 
     pipe = pipelines.build_pipeline(family, "tiny", device="cpu")
     pipe.set_progress_bar_config(disable=True)
@@ -255,7 +254,7 @@ def test_quant_variants_exist_and_unknown_ones_are_refused():
 
 @CPU_ONLY
 def test_variant_without_torchao_is_skipped_with_the_install_hint(tmp_path, monkeypatch, capsys):
-    from pipelines.quant import INSTALL_HINT
+    from bcg_diffusion.cli.quant_option import INSTALL_HINT
 
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
@@ -299,7 +298,7 @@ def test_bench_bad_options_exit_2(capsys, argv, needle):
 @pytest.mark.parametrize("family, specs", [("flux", ("fbc:0.5", "pab:2", "fastercache")), ("pixart", ("magcache",))])
 def test_cache_row_on_cpu(family, specs):
     import bcg_diffusion
-    import pipelines
+    import bcg_pipelines as pipelines
     from bcg_diffusion.step_caches import cached_modules
 
     pipe = pipelines.build_pipeline(family, "tiny", device="cpu")
@@ -394,8 +393,8 @@ def test_bench_shapes_bad_arguments_exit_2(capsys, argv, needle):
 def test_bench_shapes_reduce_overhead_marks_steps_and_clones_outputs(monkeypatch):
     """The reduce_overhead set-up swaps the compiled module into the pipeline, with hooks outside the compiled
     code that mark a step before each call and clone the outputs after; teardown removes the hooks."""
-    import pipelines
-    from bench import shapes
+    import bcg_pipelines as pipelines
+    from bcg_diffusion.benchmarks import shapes
 
     marks, compiled = [], []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
@@ -441,7 +440,7 @@ class _Delegating(torch.nn.Module):
 
 
 def test_bench_shapes_helpers():
-    from bench import shapes
+    from bcg_diffusion.benchmarks import shapes
 
     assert shapes.parse_shapes(shapes.DEFAULT_SHAPES) == [(512, 512, None), (640, 768, None), (768, 768, None),
                                                           (896, 640, None), (1024, 1024, None)]
@@ -468,7 +467,7 @@ def _bench_imports() -> dict[str, set[str]]:
     import ast
 
     graph = {}
-    for path in sorted((SCRIPTS / "bench").glob("*.py")):
+    for path in sorted(BENCHMARKS.glob("*.py")):
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -526,7 +525,7 @@ def test_modes_none_and_first_image_default():
 
 
 def test_children_command_lines():
-    from bench import processes
+    from bcg_diffusion.benchmarks import processes
 
     argv = ["--cases", "pixart:tiny", "--processes", "3", "--out-dir", "old", "--compile-cache=shared", "--iters", "2"]
     child = processes.child_argv(argv, 2, 3, Path("new/p2"), "/c")
@@ -555,7 +554,7 @@ def test_children_command_lines():
     ([1.0], "-"),                            # one process: no spread
 ])
 def test_verdicts(values, word):
-    from bench import across
+    from bcg_diffusion.benchmarks import across
 
     s = across.ratio_spread(values)
     assert s["verdict"] == word
@@ -582,7 +581,7 @@ def _synthetic_result(index: int, cb_ro: float, first_image_s: float, cache_stat
 def test_processes_run_combines_each_childs_result(tmp_path, monkeypatch, capsys):
     """The parent starts one child per process (here a stand-in that writes a result file where the child's
     --out-dir says), then writes medians, spreads and verdicts of every ratio."""
-    from bench import processes
+    from bcg_diffusion.benchmarks import processes
 
     started = []
 
@@ -623,7 +622,7 @@ def test_processes_run_combines_each_childs_result(tmp_path, monkeypatch, capsys
 
 
 def test_processes_children_that_disagree_are_refused(tmp_path, monkeypatch, capsys):
-    from bench import processes
+    from bcg_diffusion.benchmarks import processes
 
     def fake_run(command):
         argv = command[2:]
@@ -644,7 +643,7 @@ def test_processes_children_that_disagree_are_refused(tmp_path, monkeypatch, cap
 def test_process_compile_cache_folders(tmp_path, monkeypatch):
     import os
 
-    from bench import compile_cache
+    from bcg_diffusion.benchmarks import compile_cache_dirs as compile_cache
 
     for key in compile_cache.ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
@@ -673,7 +672,7 @@ def test_process_compile_cache_folders(tmp_path, monkeypatch):
 # the first-image row
 # ---------------------------------------------------------------------------------------------------------
 def test_step_times_and_first_step_summary():
-    from bench.probe import first_step_summary, step_times
+    from bcg_diffusion.benchmarks.probe import first_step_summary, step_times
 
     assert step_times([1.0, 2.0, 3.0, 4.0], 2) == [3.0, 7.0]  # two calls per step (CFG as two calls)
     assert step_times([1.0, 2.0, 3.0], 2) is None and step_times([], 3) is None
@@ -685,7 +684,7 @@ def test_step_times_and_first_step_summary():
 @CPU_ONLY
 def test_first_image_row_on_the_tiny_model(tmp_path):
     import bcg_diffusion
-    import pipelines
+    import bcg_pipelines as pipelines
 
     pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
     pipe.set_progress_bar_config(disable=True)
@@ -749,8 +748,8 @@ def test_first_image_through_the_command_line(tmp_path):
 # compile of the leftover children (compile_all, compile_bcg_all)
 # ---------------------------------------------------------------------------------------------------------
 def test_regional_compile_all_compiles_the_leftover_children_and_keeps_the_output():
-    import pipelines
-    import speedups
+    import bcg_pipelines as pipelines
+    from bcg_diffusion.cli import speedups
 
     torch._dynamo.reset()
     pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
@@ -804,7 +803,7 @@ def test_cp_case_parsing():
 
 
 def test_cp_launch_check():
-    from bench import parallel
+    from bcg_diffusion.benchmarks import parallel
 
     cp2, cp4, single = (parse_case(t) for t in ("flux:full:1024x1024:b1:cp2", "wan:full:cp4", "flux:full:512x512:b1"))
     problem = parallel.launch_problem([cp2], {})
@@ -829,7 +828,7 @@ def test_cp_case_without_torchrun_exits_2_saying_how_to_launch(capsys):
 
 
 def test_combine_ranks_reports_the_slowest_rank():
-    from bench import parallel
+    from bcg_diffusion.benchmarks import parallel
 
     def ok(ms, equal=True, busy=None):
         res = {"status": "ok", "median_ms": ms, "notes": [], "bitwise_equal_to_eager": equal,
@@ -870,8 +869,7 @@ def test_torch_ranks_agree_and_gather_over_gloo(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(
         "import json, sys\n"
-        f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
-        "from bench.parallel import TorchRanks\n"
+        "from bcg_diffusion.benchmarks.parallel import TorchRanks\n"
         "ranks = TorchRanks(cuda=False)\n"
         "agreed = ranks.agree({'iters': 10 + ranks.rank})\n"
         "gathered = ranks.gather({'rank': ranks.rank, 'median_ms': 1.0 + ranks.rank})\n"
@@ -890,8 +888,8 @@ def test_torch_ranks_agree_and_gather_over_gloo(tmp_path):
 def test_the_first_image_row_warms_up_in_the_grad_mode_of_its_images(monkeypatch):
     """A warm-up outside ``inference_mode`` captures other keys than the row's images use (void rows, 2026-12-01)."""
     import bcg_diffusion
-    from bench import first_image
-    from bench.images import SeededImages
+    from bcg_diffusion.benchmarks import first_image
+    from bcg_diffusion.benchmarks.seeded_images import SeededImages
 
     modes = []
     monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: modes.append(torch.is_inference_mode_enabled()))

@@ -25,7 +25,7 @@ sys.meta_path.insert(0, NoCudaBindings())
 def test_bcg_diffusion_imports_without_cuda_bindings():
     """cuda-bindings is a Linux/Windows dependency: a CPU-only user imports the library without it."""
     code = _HIDE_CUDA_BINDINGS + (
-        "import bcg_diffusion, pipelines\n"
+        "import bcg_diffusion, bcg_pipelines\n"
         "assert not any(m == 'cuda' or m.startswith('cuda.') for m in sys.modules), "
         "sorted(m for m in sys.modules if m.startswith('cuda'))\n"
         "print(len(bcg_diffusion.__all__))\n"
@@ -47,7 +47,7 @@ def test_one_list_of_families():
     classes) and the README's list agree with it."""
     from bcg_diffusion import KNOWN_TRANSFORMERS
 
-    import pipelines
+    import bcg_pipelines as pipelines
 
     library = [info.family for info in KNOWN_TRANSFORMERS.values()]
     assert len(set(library)) == len(library), library
@@ -55,5 +55,5 @@ def test_one_list_of_families():
     for class_name, info in KNOWN_TRANSFORMERS.items():
         assert pipelines.get_family(info.family).transformer_class_name == class_name
     assert _readme_families() == library
-    modules = sorted(p.stem for p in (ROOT / "pipelines" / "families").glob("*.py") if not p.stem.startswith("_"))
+    modules = sorted(p.stem for p in (ROOT / "pipelines" / "family_specs").glob("*.py") if not p.stem.startswith("_"))
     assert modules == sorted(library), "a family module that is not in KNOWN_TRANSFORMERS, or one missing"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-import pipelines as P
-from pipelines import tokenizers as T
+import bcg_pipelines as P
+from bcg_pipelines import tokenizers as T
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = [
@@ -209,7 +209,7 @@ def test_tokenizers_encode_words_whole_and_fit_vocab():
 
 def test_tokenizer_vocab_is_deterministic_across_processes():
     code = (
-        "import hashlib, json; from pipelines import tokenizers as T; "
+        "import hashlib, json; from bcg_pipelines import tokenizers as T; "
         "v, m = T._byte_level_model(); c, cm = T._clip_model(); g, gm = T._gemma_model(); "
         "print(hashlib.md5(json.dumps([v, m, c, cm, g, gm, T._unigram_vocab()]).encode()).hexdigest())"
     )
@@ -330,7 +330,7 @@ def test_build_in_bf16_on_cpu_has_bf16_weights():
 
 
 def test_load_pipeline_offline_error_says_how_to_pass_a_local_path(tmp_path):
-    code = "import pipelines; pipelines.load_pipeline('made-up-org/no-such-model-1234', device='cpu')"
+    code = "import bcg_pipelines as pipelines; pipelines.load_pipeline('made-up-org/no-such-model-1234', device='cpu')"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode != 0
@@ -370,10 +370,7 @@ def test_loaded_weights_are_copied_out_of_the_mapped_file(tmp_path):
 
 @functools.lru_cache(maxsize=None)
 def smoke_module():
-    spec = importlib.util.spec_from_file_location("smoke_full_pipelines", ROOT / "scripts" / "smoke_full_pipelines.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("bcg_diffusion.benchmarks.smoke_full_pipelines")
 
 
 def test_smoke_script_arguments_and_plan(capsys):

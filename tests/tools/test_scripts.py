@@ -5,7 +5,7 @@ They call each script's ``main([...])`` in-process on the tiny random-weight pip
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import re
 import sys
@@ -14,17 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = {"generate": "bcg_diffusion.cli.generate", "bench_step": "bcg_diffusion.benchmarks.bench_step"}
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 ACROSS_KIND = "across_processes"  # the "kind" of a --processes summary (scripts/bench/across.py)
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bcg_script_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script executes
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(TOOLS[name])
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +82,7 @@ def test_generate_seed_out_of_range_exits_2(generate, capsys, seed):
 @pytest.fixture
 def no_build(monkeypatch):
     """Building or loading a pipeline fails the test: the checks must come before any work."""
-    import pipelines
+    import bcg_pipelines as pipelines
 
     def refuse(*args, **kwargs):
         raise AssertionError("a pipeline was built")
@@ -111,7 +108,7 @@ def test_generate_full_size_without_cuda_says_the_memory_and_wants_yes(generate,
     assert "--size full without CUDA" in err and "--yes" in err
     assert re.search(r"11\.9B transformer .* about \d+ GiB of memory in float32", err), err
 
-    import pipelines
+    import bcg_pipelines as pipelines
 
     def sentinel(*args, **kwargs):
         raise RuntimeError("sentinel: the build was reached")
@@ -170,7 +167,7 @@ def test_generate_bcg_on_cpu_is_a_noop(generate, tmp_path, capsys):
 def test_step_timer_sees_through_a_call_wrapper(generate):
     """accelerate_pipeline gives the pipeline a subclass whose __call__ is (*args, **kwargs); the step
     callback must still be found (PixArt-Sigma: the legacy ``callback``)."""
-    import pipelines
+    import bcg_pipelines as pipelines
 
     pipe = pipelines.build_pipeline("pixart", "tiny", device="cpu")
     cls = type(pipe)
@@ -298,7 +295,7 @@ def test_bench_without_matplotlib_writes_json_markdown_and_one_line(bench, tmp_p
 
 
 def test_bench_chart_legend_is_outside_the_bars(bench):
-    from bench.chart import draw_chart
+    from bcg_diffusion.benchmarks.chart import draw_chart
 
     modes = {m: {"median_ms": 1.0, "speedup_vs_eager": 1.0 + i, "torch_compile": False}
              for i, m in enumerate(bench.MODES)}
@@ -331,7 +328,7 @@ def test_bench_merge_names_the_missing_field(bench, tmp_path, capsys, drop, fiel
 
 def test_bench_merge_reads_the_committed_results(bench, tmp_path):
     """Result files written by earlier versions of the benchmark still merge."""
-    results = sorted((SCRIPTS.parent / "bench_results").glob("bench_step_*.json"))
+    results = sorted((ROOT / "bench_results").glob("bench_step_*.json"))
     summaries = [p for p in results if json.loads(p.read_text()).get("kind") == ACROSS_KIND]
     assert results and len(summaries) < len(results)
     for path in results:
@@ -342,7 +339,7 @@ def test_bench_merge_reads_the_committed_results(bench, tmp_path):
 
 
 def test_bench_kernel_summary_counts_kernels_and_busy_time(bench):
-    from bench.timing import kernel_summary
+    from bcg_diffusion.benchmarks.timing import kernel_summary
 
     events = [("gemm", 0.0, 10.0), ("Memcpy HtoD", 5.0, 12.0), ("softmax", 20.0, 25.0), ("Memset (Device)", 21.0, 22.0)]
     assert kernel_summary(events) == {"kernels": 2, "memory_ops": 2, "kernel_time_ms": 0.015, "gpu_busy_ms": 0.017}
@@ -476,7 +473,7 @@ def test_generate_unknown_cache_spec_exits_2(generate, capsys, no_build, spec, n
     ("sana", "magcache", "TransformerBlockRegistry"),
 ])
 def test_generate_cache_on_a_family_it_cannot_run_on_exits_2(generate, capsys, no_build, model, spec, why):
-    import pipelines.caches as caches
+    import bcg_diffusion.cli.cache_option as caches
 
     assert generate.main(["--model", model, "--cache", spec]) == 2
     err = capsys.readouterr().err
@@ -492,7 +489,7 @@ def _no_torchao(monkeypatch):
 
 @pytest.mark.parametrize("name", ["fp8", "fp8wo", "int8wo", "int8"])
 def test_generate_quant_without_torchao_exits_2_with_the_install_hint(generate, capsys, monkeypatch, no_build, name):
-    from pipelines.quant import INSTALL_HINT
+    from bcg_diffusion.cli.quant_option import INSTALL_HINT
 
     _no_torchao(monkeypatch)
     assert generate.main(["--quant", name]) == 2
@@ -509,7 +506,7 @@ def test_generate_quant_unknown_name_exits_2(generate, capsys, no_build):
                                           ("int8", "Int8DynamicActivationInt8WeightConfig")])
 def test_generate_quant_quantizes_the_transformer_after_the_build(generate, tmp_path, capsys, monkeypatch, fake_torchao,
                                                                   name, config):
-    import pipelines
+    import bcg_pipelines as pipelines
 
     built = []
     real_build = pipelines.build_pipeline
@@ -537,7 +534,7 @@ def test_quantize_leaves_inductor_settings_alone(name):
     pytest.importorskip("torchao")
     import torch._inductor.config as inductor_config
 
-    from pipelines.quant import quantize
+    from bcg_diffusion.cli.quant_option import quantize
 
     keys = ("coordinate_descent_tuning", "coordinate_descent_check_all_directions")
     with inductor_config.patch(dict.fromkeys(keys, False)):  # off before, whatever ran earlier; restored after
@@ -551,12 +548,12 @@ def test_pyproject_quant_extra_pins_torchao():
 
     from packaging.requirements import Requirement
 
-    project = tomllib.loads((SCRIPTS.parent / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (req,) = [Requirement(r) for r in project["optional-dependencies"]["quant"]]
     assert req.name == "torchao"
     assert "0.17.0" in req.specifier and "0.18.1" in req.specifier  # 0.17.0 runs with torch 2.11 on the GPU machine
     assert "0.16.0" not in req.specifier and "0.19.0" not in req.specifier
-    from pipelines.quant import INSTALL_HINT
+    from bcg_diffusion.cli.quant_option import INSTALL_HINT
 
     assert 'pip install -e ".[quant]"' in INSTALL_HINT  # the hint names this extra
 
@@ -613,13 +610,13 @@ def test_generate_no_resolution_binning_where_the_pipeline_does_not_bin_exits_2(
      "96x128 latents (WxH; 3072 tokens at patch 2; hidden_states a list of 1: 16x1x128x96)"),
 ])
 def test_ran_size_reads_each_layout(shapes, config, text):
-    from timed_run import ran_size
+    from bcg_diffusion.cli.timed_run import ran_size
 
     assert ran_size(shapes, config).describe() == text
 
 
 def test_input_shapes_hook_is_removed_after_the_run():
-    from timed_run import InputShapes
+    from bcg_diffusion.cli.timed_run import InputShapes
 
     module = torch.nn.Linear(3, 3)
     with InputShapes(module) as seen:

@@ -8,14 +8,12 @@ timeout. The server is started with ``--inject`` rules, so that prompts ``__fail
 from __future__ import annotations
 
 import base64
-import importlib.util
+import importlib
 import io
 import json
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -26,18 +24,14 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import bcg_diffusion  # noqa: E402
-import pipelines  # noqa: E402
+import bcg_pipelines as pipelines  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
-
-from serving.granularity import derive_granularity  # noqa: E402
-from serving.images import PNG_MAGIC  # noqa: E402
-from serving.requests import RequestLimits, RequestPlanner  # noqa: E402
-from serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
-from serving.warmup import ServerWarmupReport, run_warmup  # noqa: E402
-from serving.worker import ImageGenerator, ServerCounters  # noqa: E402
+from bcg_diffusion.serving.granularity import derive_granularity  # noqa: E402
+from bcg_diffusion.serving.png import PNG_MAGIC  # noqa: E402
+from bcg_diffusion.serving.requests import RequestLimits, RequestPlanner  # noqa: E402
+from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
+from bcg_diffusion.serving.startup_warmup import ServerWarmupReport, run_warmup  # noqa: E402
+from bcg_diffusion.serving.worker import ImageGenerator, ServerCounters  # noqa: E402
 
 START_TIMEOUT_S = 90
 REQUEST_TIMEOUT_S = 60
@@ -47,12 +41,11 @@ SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --bcg --max-s
 REQUEST = {"prompt": "a red fox in the snow", "size": "64x64", "seed": 7}
 
 
+TOOLS = {"serve": "bcg_diffusion.serving.server", "load": "bcg_diffusion.serving.load_test"}
+
+
 def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bcg_script_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(TOOLS[name])
 
 
 @pytest.fixture(scope="module")
@@ -400,8 +393,8 @@ def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(serve_scrip
 
 
 def test_load_report_flags_errors_memory_growth_and_mismatches():
-    from serving.load_report import cross_check, format_report, latency_ratios, summarize
-    from serving.load_run import Outcome, ServerRun
+    from bcg_diffusion.serving.load_report import cross_check, format_report, latency_ratios, summarize
+    from bcg_diffusion.serving.load_run import Outcome, ServerRun
 
     def stats(allocated, captures):
         return {"server": {"warmup": {"sizes": ["64x64"]}}, "bcg": {"captures": captures},

@@ -5,9 +5,6 @@ passes against the pair. Both servers are subprocesses on the one GPU, stopped a
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -15,12 +12,8 @@ pytestmark = pytest.mark.gpu
 httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
-
-from serving.images import pixel_hash  # noqa: E402
-from serving.spawn import spawned_servers  # noqa: E402
+from bcg_diffusion.serving.png import pixel_hash  # noqa: E402
+from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
 
 START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
@@ -129,14 +122,11 @@ def test_failures_inside_the_pipeline_then_the_same_image(servers):
 
 
 def test_load_compare_eager_and_bcg(servers, tmp_path, capsys):
-    import importlib.util
     import json
 
+    from bcg_diffusion.serving import load_test as load
+
     _, eager, bcg = servers
-    spec = importlib.util.spec_from_file_location("_bcg_script_load", SCRIPTS / "load.py")
-    load = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = load
-    spec.loader.exec_module(load)
     out = tmp_path / "load.json"
     code = load.main(["--compare", eager, bcg, "--requests", "16", "--concurrency", "4",
                       "--sizes", "64x64,80x64,64x80,64x96", "--seeds", "2", "--out", str(out)])

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipelines.zoo import full
+from bcg_pipelines.zoo import full
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("_bcg_script_zoo_bench", SCRIPTS / "zoo_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script executes
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bcg_diffusion.benchmarks.zoo_bench")
 
 
 # -- the cases -------------------------------------------------------------------------------------------

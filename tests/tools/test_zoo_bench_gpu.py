@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from pipelines.zoo import full
+from bcg_pipelines.zoo import full
 
 pytestmark = pytest.mark.gpu
 

@@ -6,19 +6,16 @@ Every zoo case builds and runs one forward in fp32 with a finite, repeatable out
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from bcg_diffusion import KNOWN_TRANSFORMERS
 from bcg_diffusion.core.tree import walk
-from pipelines import zoo
+from bcg_pipelines import zoo
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 CASES = zoo.zoo_cases()
 
 
@@ -130,11 +127,7 @@ def test_unknown_class_names_the_case():
 # -- scripts/zoo_probe.py ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("_bcg_script_zoo_probe", SCRIPTS / "zoo_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script executes
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bcg_diffusion.benchmarks.zoo_probe")
 
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")

@@ -1,0 +1,313 @@
+"""The command line of ``bcg-generate`` (``python scripts/generate.py``): the parser, and the arguments
+checked into a :class:`Plan` before anything is built.
+
+Every check that can be made before the build runs in :func:`make_plan` and ends in ``parser.error``
+(exit code 2) naming the first thing to fix. What only a loaded checkpoint can tell (its family, its
+transformer, whether its pipeline bins resolutions) is checked by :mod:`.generate` once it is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import bcg_pipelines as pipelines
+
+from .cache_option import CACHE_HELP, check_cache_option
+from .media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, why_not_writable
+from .options import add_model_options, choose_device, family_or_checkpoint
+from .quant_option import QUANT_HELP, QUANT_NAMES, torchao_problem
+from .speedups import CP_MODES, attention_backend_names, has_cp_plan
+
+__all__ = ["DEFAULT_MODEL", "SHAPE_KEYS", "Plan", "Ranks", "build_parser", "make_plan"]
+
+DEFAULT_MODEL = "flux"  # the tiny Flux pipeline builds and runs fastest on a CPU (a few seconds)
+DEFAULT_PROMPT = "a red fox resting in a snowy birch forest at golden hour, soft light, highly detailed"
+DEFAULT_OUT_DIR = Path("outputs")
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
+SHAPE_KEYS = ("height", "width", "num_frames")  # the call settings bcg_diffusion.warmup takes per shape
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="generate.py",
+        description="Generate an image or video with a diffusers DiT pipeline, eagerly or with breakable CUDA "
+        "graphs (BCG). With no arguments: the tiny random-weight Flux pipeline, a few seconds on a CPU.",
+        epilog="See docs/generate.md for examples.",
+    )
+    add_model_options(p, DEFAULT_MODEL, list_models=True)
+    g = p.add_argument_group("generation")
+    g.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt")
+    g.add_argument("--negative-prompt", default=None, help="negative prompt (used by CFG families)")
+    g.add_argument("--height", type=int, default=None, help="image height in pixels (default: the family's for --size)")
+    g.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's for --size)")
+    g.add_argument("--frames", type=int, default=None, help="number of frames (video families only)")
+    g.add_argument("--steps", type=int, default=None, help="denoising steps (default: the family's)")
+    g.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the family's)")
+    g.add_argument("--seed", type=int, default=0, help="random seed of the initial noise, 0 <= seed < 2**64 (default: 0)")
+    g.add_argument("--batch", type=int, default=1, help="images or videos per prompt (default: 1)")
+    g.add_argument("--no-resolution-binning", action="store_true",
+                   help="run the asked height x width as it is (use_resolution_binning=False). By default pipelines "
+                   "that bin (PixArt, Sana) run the nearest of the model's aspect-ratio bins and resize the result "
+                   "to the asked size; the summary says when that happened")
+    g = p.add_argument_group("speed")
+    g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
+    g.add_argument("--debug-cuda-graph", action="store_true",
+                   help="BCG with every segment run eagerly (BCGConfig(debug=True)); implies --bcg")
+    g.add_argument("--compile", action="store_true",
+                   help="regional torch.compile of the transformer's repeated blocks (combines with --bcg)")
+    g.add_argument("--attention-backend", default=None, metavar="NAME",
+                   help="diffusers attention backend, e.g. native, flash, _native_cudnn (set_attention_backend)")
+    g.add_argument("--cache", default=None, metavar="SPEC",
+                   help=f"a diffusers step cache on the transformer: {CACHE_HELP}; each run prints the module passes "
+                   "the cache computed and reused")
+    g.add_argument("--quant", choices=QUANT_NAMES, default=None,
+                   help=f"torchao quantization of the transformer, applied right after the build: {QUANT_HELP} "
+                   "(needs torchao: pip install -e \".[quant]\")")
+    g.add_argument("--compare", action="store_true",
+                   help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
+                   "and whether the outputs are bitwise identical")
+    g.add_argument("--warmup", nargs="?", const="", default=None, metavar="WxH[,WxH...]",
+                   help="before each timed run, bcg_diffusion.warmup(pipe, shapes, ...) with the run's other call "
+                   "settings: with no value the run's own size, else these sizes (width x height, as the OpenAI images "
+                   "API; WxHxFRAMES for videos). The output is the same with and without it")
+    g.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
+                   help="with --compile: keep torch's compile artifacts in DIR (bcg_diffusion.use_compile_cache) so "
+                   "that a later process loads them instead of compiling again")
+    g = p.add_argument_group("several GPUs")
+    g.add_argument("--cp", choices=CP_MODES, default=None,
+                   help="diffusers context parallelism over the GPUs of a torchrun launch (torchrun --nproc_per_node N "
+                   "scripts/generate.py --cp ulysses ...): ulysses_degree=N or ring_degree=N. Rank 0 writes the output "
+                   "and prints the summary")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, default=None,
+                   help="output file: .png/.jpg/.webp for images, .mp4 or .gif for videos (MP4 needs imageio + "
+                   "imageio-ffmpeg or opencv; otherwise a GIF is written). Default: outputs/<model>_<size>_seed<seed>.png")
+    g.add_argument("--fps", type=int, default=16, help="frames per second of a saved video (default: 16)")
+    return p
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a torchrun launch (``--cp``)."""
+
+    mode: str  # a CP_MODES value
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+@dataclass
+class Plan:
+    """What to build and how to call it, after validation.
+
+    ``warmup`` is ``None`` without ``--warmup``, else the shapes to warm (``bcg_diffusion.warmup``'s
+    dicts); ``ranks`` is set under ``--cp``.
+    """
+
+    model: str
+    spec: Any  # FamilySpec, or None (real weights of a family not known yet)
+    is_family: bool
+    model_size: str  # --size of a family (tiny, full); "checkpoint" for real weights (not the image size)
+    device: torch.device
+    dtype: torch.dtype
+    call: dict[str, Any]
+    out: Path
+    is_video: bool
+    use_bcg: bool
+    warmup: list[dict[str, int]] | None = None
+    ranks: Ranks | None = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.ranks is None or self.ranks.rank == 0
+
+    @property
+    def error_prefix(self) -> str:
+        return "" if self.ranks is None else f"[rank {self.ranks.rank}] "
+
+
+def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
+    """Validate the arguments (``parser.error`` -> exit 2) and work out the pipeline call, before any work."""
+    check_arguments(args, parser)
+    spec = family_or_checkpoint(args.model, parser)
+    ranks = None
+    if args.cp is not None:  # the launch, then the family, then the GPUs: each error says the first thing to fix
+        ranks = torchrun_ranks(args.cp, parser)
+        if spec is not None:  # a checkpoint's transformer is checked once it is loaded
+            check_cp_plan(spec, args.cp, parser)
+        device = cp_device(ranks, args, parser)
+    else:
+        device = choose_device(args, parser)
+    dtype = pipelines.resolve_dtype(args.dtype, device)
+    if args.no_resolution_binning and spec is not None:  # a checkpoint's pipeline is checked once it is loaded
+        check_binning_flag(spec, parser)
+    if args.compile_cache is not None:
+        if not args.compile:
+            parser.error("--compile-cache keeps torch.compile's artifacts, and nothing compiles without --compile; "
+                         "add --compile or leave --compile-cache out")
+        if args.compile_cache.exists() and not args.compile_cache.is_dir():
+            parser.error(f"--compile-cache {str(args.compile_cache)!r} is a file; give a folder (it is created if "
+                         "missing)")
+    if args.cache is not None:
+        try:  # a checkpoint's family is known after loading: checked again then
+            check_cache_option(args.cache, spec.name if spec is not None else None)
+        except ValueError as exc:
+            parser.error(f"--cache: {exc}")
+    if args.quant is not None and (problem := torchao_problem()):
+        parser.error(f"--quant {args.quant}: {problem}")
+    model_size = args.size if spec is not None else "checkpoint"
+    try:
+        call = pipelines.plan_call(spec, args.size, prompt=args.prompt, height=args.height, width=args.width,
+                                   num_frames=args.frames, steps=args.steps, guidance=args.guidance,
+                                   negative_prompt=args.negative_prompt)
+    except ValueError as exc:
+        parser.error(str(exc))
+    is_video = spec.is_video if spec is not None else (args.frames or 1) > 1
+    model_name = args.model if spec is not None else Path(args.model).name
+    out = output_path(args, parser, model_name, model_size, is_video)
+    if spec is not None and model_size == "full" and device.type != "cuda" and not args.yes:
+        check_full_size_on_cpu(spec, dtype, parser)
+    use_bcg = args.bcg or args.debug_cuda_graph or args.compare
+    warmup = None
+    if args.warmup is not None:
+        warmup = parse_warmup_sizes(args.warmup, spec, model_size, call, is_video, parser)
+    return Plan(args.model, spec, spec is not None, model_size, device, dtype, call, out, is_video, use_bcg, warmup, ranks)
+
+
+def check_arguments(args, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` (exit 2) for numbers out of range and unknown attention backends."""
+    for name in ("steps", "batch", "height", "width", "frames", "fps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1 (got {value})")
+    if not 0 <= args.seed < SEED_LIMIT:
+        parser.error(f"--seed must be in 0 .. 2**64 - 1 (got {args.seed})")
+    if args.attention_backend is not None and args.attention_backend.lower() not in attention_backend_names():
+        parser.error(f"--attention-backend {args.attention_backend!r} is not a diffusers backend; "
+                     f"choose one of: {', '.join(attention_backend_names())}")
+
+
+def torchrun_ranks(mode: str, parser: argparse.ArgumentParser) -> Ranks:
+    """``--cp``: this process's rank from torchrun's variables (``parser.error`` without them or with one rank)."""
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    launch = f"torchrun --nproc_per_node 2 scripts/generate.py --cp {mode} ..."
+    if missing:
+        parser.error(f"--cp {mode} runs one process per GPU under torchrun, which sets "
+                     f"{', '.join(TORCHRUN_VARIABLES)}; {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                     f"not set. Launch it as: {launch}")
+    try:
+        rank, world, local = (int(os.environ[name]) for name in TORCHRUN_VARIABLES)
+    except ValueError:
+        values = ", ".join(f"{n}={os.environ[n]!r}" for n in TORCHRUN_VARIABLES)
+        parser.error(f"--cp {mode}: {values} are not all integers")
+    if world < 2:
+        parser.error(f"--cp {mode} splits each step over the ranks of a torchrun launch, but WORLD_SIZE is {world}; "
+                     f"launch N >= 2 processes, one per GPU: {launch}")
+    return Ranks(mode, rank, world, local)
+
+
+def check_cp_plan(spec, mode: str, parser: argparse.ArgumentParser) -> None:
+    """``--cp`` on a family whose transformer diffusers cannot split: ``parser.error`` naming the ones it can."""
+    import diffusers
+
+    def splittable(family) -> bool:
+        return has_cp_plan(getattr(diffusers, family.transformer_class_name))
+
+    if not splittable(spec):
+        can = [name for name in pipelines.list_families() if splittable(pipelines.get_family(name))]
+        parser.error(f"--cp {mode}: {spec.transformer_class_name} ({spec.name}) has no _cp_plan, so diffusers cannot "
+                     f"split it over GPUs; families that have one: {', '.join(can)}")
+
+
+def cp_device(ranks: Ranks, args, parser: argparse.ArgumentParser) -> torch.device:
+    """``cuda:LOCAL_RANK``, after checking that there is such a GPU and no other ``--device`` was asked for."""
+    if args.device not in (None, "cuda"):
+        parser.error(f"--cp {ranks.mode} puts rank r on cuda:LOCAL_RANK; leave out --device {args.device}")
+    if not torch.cuda.is_available():
+        parser.error(f"--cp {ranks.mode} needs one CUDA GPU per rank (NCCL), and torch sees no CUDA device")
+    if ranks.local_rank >= torch.cuda.device_count():
+        parser.error(f"--cp {ranks.mode}: LOCAL_RANK {ranks.local_rank}, but torch sees only "
+                     f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node <= the number of GPUs")
+    return torch.device("cuda", ranks.local_rank)
+
+
+def check_binning_flag(spec, parser: argparse.ArgumentParser) -> None:
+    """``--no-resolution-binning`` on a family whose pipeline does not bin: ``parser.error``."""
+    import diffusers
+
+    pipeline_class = getattr(diffusers, spec.pipeline_class_name)
+    if "use_resolution_binning" not in inspect.signature(pipeline_class.__call__).parameters:
+        parser.error(f"--no-resolution-binning: {spec.pipeline_class_name} does not bin resolutions (its __call__ "
+                     "takes no use_resolution_binning), so it already runs the asked size; leave the flag out")
+
+
+def output_path(args, parser, model_name: str, model_size: str, is_video: bool) -> Path:
+    """``--out`` checked for its suffix and that it can be written, or the default path."""
+    if args.out is None:
+        suffix = (".mp4" if can_write_mp4() else ".gif") if is_video else ".png"
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-.") or "model"
+        size_tag = model_size if model_size != "checkpoint" else "weights"
+        return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}"
+    allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
+    if args.out.suffix.lower() not in allowed:
+        kind = "a video" if is_video else "an image"
+        parser.error(f"--out {str(args.out)!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")
+    problem = why_not_writable(args.out)
+    if problem:
+        parser.error(f"--out {str(args.out)!r} cannot be written: {problem}")
+    return args.out
+
+
+def check_full_size_on_cpu(spec, dtype: torch.dtype, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` with the memory a full-size build needs (from the family's parameter counts)."""
+    d = pipelines.describe(spec, "full")
+    params = d.transformer_params + sum(te[3] for te in d.text_encoders)
+    gib = params * torch.empty((), dtype=dtype).element_size() / 2**30
+    parser.error(f"--size full without CUDA builds {spec.name} on the CPU: {d.transformer_params / 1e9:.1f}B "
+                 f"transformer and {(params - d.transformer_params) / 1e9:.1f}B text-encoder parameters, about "
+                 f"{gib:.0f} GiB of memory in {pipelines.dtype_name(dtype)} for the weights alone (VAE and "
+                 "activations on top), and minutes per step. Pass --yes to build it anyway.")
+
+
+def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], is_video: bool,
+                       parser: argparse.ArgumentParser) -> list[dict[str, int]]:
+    """``--warmup`` as ``bcg_diffusion.warmup`` shapes: ``""`` is the run's own size; else ``WxH[xF],...``
+    (width first, as the OpenAI images API and serve.py), each checked as ``--height/--width`` are."""
+    if not text:
+        own = {k: call[k] for k in SHAPE_KEYS if k in call}
+        if "height" not in own or "width" not in own:
+            parser.error("--warmup without sizes warms the run's own size, which this checkpoint leaves to its "
+                         "pipeline; give --height and --width, or sizes such as --warmup 1024x1024")
+        return [own]
+    shapes = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)x(\d+)(?:x(\d+))?\s*", part)
+        if m is None:
+            parser.error(f"--warmup {text!r}: cannot read {part!r}; give sizes as WxH (width x height), e.g. "
+                         "512x512,1344x768, or WxHxFRAMES for a video family")
+        width, height = int(m[1]), int(m[2])
+        frames = int(m[3]) if m[3] else call.get("num_frames")
+        if m[3] and not is_video:
+            parser.error(f"--warmup {part.strip()}: {spec.name if spec else 'this model'} makes images; give WxH")
+        if spec is None:
+            shape = {"height": height, "width": width, **({"num_frames": frames} if frames else {})}
+        else:
+            try:
+                shape = pipelines.check_call(spec, height, width, frames, size=model_size)
+            except ValueError as exc:
+                parser.error(f"--warmup {part.strip()}: {exc}")
+        shapes.append(shape)
+    return shapes

@@ -1,0 +1,20 @@
+"""The ``bcg-serve`` command (an OpenAI images API server, ``python scripts/serve.py``) and the ``bcg-load``
+command (its load test, ``python scripts/load.py``).
+
+Modules, one job each:
+
+- :mod:`.server`: the serve command: options, build, speed-ups, warm-up, listen.
+- :mod:`.granularity`: the pixel multiple a request's size must respect, read from the pipeline.
+- :mod:`.requests`: the request body (pydantic), its validation and the pipeline call it becomes.
+- :mod:`.worker`: the one thread that runs pipeline work, and the job that generates images.
+- :mod:`.startup_warmup`: the warm-up before listening (``bcg_diffusion.warmup`` where it exists, else 2-step
+  calls).
+- :mod:`.app`: the FastAPI application (routes, OpenAI-style errors, counters).
+- :mod:`.listen`: running the app with uvicorn on a bound socket (``--port 0``).
+- :mod:`.png`: PNG + base64 encoding and the hashes the load test compares.
+- :mod:`.load_test`: the load command; its parts :mod:`.load_mix` (the request mix), :mod:`.load_run`
+  (sending it), :mod:`.load_report` (summaries, the cross-check) and :mod:`.spawn` (servers it starts).
+
+The FastAPI, uvicorn and httpx imports are the ``serve`` extra (``pip install -e ".[serve]"``); the commands
+say so when it is missing instead of failing on import.
+"""

@@ -1,0 +1,144 @@
+"""The FastAPI application: ``POST /v1/images/generations``, ``GET /stats``, ``GET /health``.
+
+Errors are answered in the OpenAI format ``{"error": {"message", "type", "param", "code"}}``:
+400 ``invalid_request_error`` for a bad request (checked before any pipeline work), 503 ``server_busy``
+when the queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500
+``server_error`` when it failed otherwise. After a 5xx the worker goes on with the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import bcg_diffusion
+
+from .png import encode_png_b64
+from .requests import GenerationJob, RequestError, RequestPlanner
+from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_memory
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GENERATIONS_PATH", "ServerState", "create_app", "gpu_memory"]
+
+GENERATIONS_PATH = "/v1/images/generations"
+
+
+@dataclass
+class ServerState:
+    """Everything the routes use. ``info`` describes the server (model, options, warm-up) for ``/stats``;
+    ``max_queue`` bounds the requests waiting or running (more get a 503)."""
+
+    planner: RequestPlanner
+    worker: PipelineWorker
+    generator: ImageGenerator
+    counters: ServerCounters
+    info: dict[str, Any]
+    max_queue: int
+    started: float = field(default_factory=time.time)
+
+
+def gpu_memory(device: torch.device) -> dict[str, int] | None:
+    """The CUDA caching allocator's counters for ``device`` (no synchronisation); ``None`` off CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return {"allocated_bytes": torch.cuda.memory_allocated(device),
+            "reserved_bytes": torch.cuda.memory_reserved(device),
+            "max_allocated_bytes": torch.cuda.max_memory_allocated(device)}
+
+
+def error_response(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _pipeline_error(exc: BaseException, job: GenerationJob) -> RequestError:
+    if is_out_of_memory(exc):
+        return RequestError(f"the pipeline ran out of GPU memory at {job.size} with n={job.n}: {exc}. The server "
+                            "freed its cache and takes further requests; a smaller size or n may fit.",
+                            status=503, type="out_of_memory")
+    return RequestError(f"the pipeline failed: {type(exc).__name__}: {exc}", status=500, type="server_error")
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The application around one pipeline; its pipeline work goes through ``state.worker``."""
+    app = FastAPI(title="bcg-diffusion image server", version=bcg_diffusion.__version__,
+                  summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
+        return error_response(RequestError(str(exc.detail), status=exc.status_code), getattr(exc, "headers", None))
+
+    @app.post(GENERATIONS_PATH)
+    async def generations(request: Request):
+        """Generate ``n`` images for a prompt; the body is :class:`.requests.ImageRequest`."""
+        state.counters.add("requests")
+        status = 500
+        try:
+            response = await _generate(request)
+            status = response.status_code
+            return response
+        except Exception as exc:  # noqa: BLE001 - a bug here must still answer JSON and be counted
+            logger.exception("request failed outside the pipeline")
+            return error_response(RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500,
+                                               type="server_error"))
+        finally:
+            state.counters.record_status(status)
+
+    async def _generate(request: Request) -> JSONResponse:
+        try:
+            job = state.planner.parse(await request.body())
+        except RequestError as error:
+            logger.info("rejected (%d): %s", error.status, error.message)
+            return error_response(error)
+        if state.worker.depth >= state.max_queue:
+            error = RequestError(f"the server is busy: {state.max_queue} requests are queued or running "
+                                 "(--max-queue); retry later", status=503, type="server_busy")
+            return error_response(error, {"Retry-After": "1"})
+        submitted = time.perf_counter()
+
+        def run():
+            started = time.perf_counter()
+            return started, state.generator.generate(job)
+
+        try:
+            started, result = await asyncio.wrap_future(state.worker.submit(run))
+        except Exception as exc:  # noqa: BLE001 - a failed pipeline call is answered, the worker goes on
+            error = _pipeline_error(exc, job)
+            return error_response(error)
+        loop = asyncio.get_running_loop()
+        payloads = await asyncio.gather(*(loop.run_in_executor(None, encode_png_b64, im) for im in result.images))
+        state.counters.add("images", len(payloads))
+        queue_s = started - submitted
+        logger.info("200 %s n=%d steps=%d seed=%d: queue %.3f s, pipeline %.3f s", job.size, job.n, job.steps,
+                    job.seed, queue_s, result.pipeline_s)
+        return JSONResponse({"created": int(time.time()), "data": [{"b64_json": p} for p in payloads]},
+                            headers={"x-queue-seconds": f"{queue_s:.6f}",
+                                     "x-pipeline-seconds": f"{result.pipeline_s:.6f}"})
+
+    @app.get("/health")
+    async def health():
+        """``ok`` while the worker thread lives (also while a call runs), else a 503."""
+        body = {"status": "ok" if state.worker.alive else "worker stopped",
+                "busy": bool(state.worker.running), "queue_depth": state.worker.depth}
+        return JSONResponse(body, status_code=200 if state.worker.alive else 503)
+
+    @app.get("/stats")
+    async def stats():
+        """The server's description and counters, the BCG stats as of the last finished call, GPU memory."""
+        counters = state.counters.snapshot()
+        counters.update(queue_depth=state.worker.depth, waiting=state.worker.waiting,
+                        running=state.worker.running)
+        return {"server": {**state.info, "uptime_s": round(time.time() - state.started, 3)},
+                "counters": counters,
+                "bcg": state.generator.bcg_stats,
+                "gpu_memory": gpu_memory(state.generator.device)}
+
+    return app

@@ -1,0 +1,185 @@
+"""Sending a request mix to one server: C client threads, N requests at most, a time limit, a /stats poller.
+
+Only servers on 127.0.0.1 are accepted (:func:`check_loopback`); every loop is bounded by the request
+count and the time limit, and every request by its own timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from .png import payload_hash, pixel_hash
+from .load_mix import identity
+
+__all__ = ["ALLOWED_HOST", "Outcome", "ServerRun", "check_loopback", "get_stats", "run_load"]
+
+ALLOWED_HOST = "127.0.0.1"
+GENERATIONS_PATH = "/v1/images/generations"
+STATS_TIMEOUT_S = 10.0
+
+
+def check_loopback(url: str) -> str:
+    """``url`` without a trailing slash if it is ``http://127.0.0.1:PORT``; ``ValueError`` otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname != ALLOWED_HOST or parts.port is None:
+        raise ValueError(f"{url!r}: the load test only sends to a server on this machine, "
+                         f"http://{ALLOWED_HOST}:PORT")
+    if parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"{url!r}: give the server's base URL, http://{ALLOWED_HOST}:PORT")
+    return f"http://{ALLOWED_HOST}:{parts.port}"
+
+
+def client(url: str, timeout_s: float) -> httpx.Client:
+    """An HTTP client for ``url`` that ignores proxy settings (traffic stays on this machine)."""
+    return httpx.Client(base_url=check_loopback(url), timeout=timeout_s, trust_env=False)
+
+
+def get_stats(url: str) -> dict[str, Any]:
+    with client(url, STATS_TIMEOUT_S) as http:
+        response = http.get("/stats")
+        response.raise_for_status()
+        return response.json()
+
+
+@dataclass
+class Outcome:
+    """One request: its place in the mix, its identity, the status (0: no HTTP answer), the client-side
+    latency, the server's queue and pipeline seconds, and per image the payload and pixel hashes."""
+
+    index: int
+    identity: str
+    size: str
+    status: int
+    latency_s: float
+    queue_s: float | None = None
+    pipeline_s: float | None = None
+    payload_hashes: tuple[str, ...] = ()
+    pixel_hashes: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+
+@dataclass
+class ServerRun:
+    """The outcomes of one server's run, with ``/stats`` before and after and the memory polled meanwhile."""
+
+    label: str
+    url: str
+    outcomes: list[Outcome]
+    wall_s: float
+    stats_start: dict[str, Any]
+    stats_end: dict[str, Any]
+    polls: list[dict[str, Any]] = field(default_factory=list)
+    timed_out: bool = False
+
+
+def _header_float(response: httpx.Response, name: str) -> float | None:
+    try:
+        return float(response.headers[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def send_one(http: httpx.Client, index: int, body: dict[str, Any]) -> Outcome:
+    """Post one body; never raises for transport errors or bad answers (they become the outcome)."""
+    start = time.perf_counter()
+    base = {"index": index, "identity": identity(body), "size": body.get("size", "")}
+    try:
+        response = http.post(GENERATIONS_PATH, json=body)
+    except httpx.HTTPError as exc:
+        return Outcome(**base, status=0, latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}")
+    latency = time.perf_counter() - start
+    outcome = Outcome(**base, status=response.status_code, latency_s=latency,
+                      queue_s=_header_float(response, "x-queue-seconds"),
+                      pipeline_s=_header_float(response, "x-pipeline-seconds"))
+    try:
+        answer = response.json()
+        if response.status_code != 200:
+            outcome.error = str(answer.get("error", {}).get("message", answer))
+            return outcome
+        payloads = [item["b64_json"] for item in answer["data"]]
+        outcome.payload_hashes = tuple(payload_hash(p) for p in payloads)
+        outcome.pixel_hashes = tuple(pixel_hash(p) for p in payloads)
+        if len(payloads) != body.get("n", 1):
+            outcome.error = f"asked for {body.get('n', 1)} images, got {len(payloads)}"
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        outcome.error = f"bad answer: {type(exc).__name__}: {exc}"
+    return outcome
+
+
+class _StatsPoller(threading.Thread):
+    """Reads ``/stats`` every ``interval_s`` until stopped; keeps GPU memory and queue depth."""
+
+    def __init__(self, url: str, interval_s: float):
+        super().__init__(name="stats-poller", daemon=True)
+        self.url, self.interval_s = url, interval_s
+        self.polls: list[dict[str, Any]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with client(self.url, STATS_TIMEOUT_S) as http:
+            while not self._halt.wait(self.interval_s):
+                try:
+                    stats = http.get("/stats").json()
+                except (httpx.HTTPError, ValueError):
+                    continue
+                self.polls.append({"t": time.time(), "gpu_memory": stats.get("gpu_memory"),
+                                   "queue_depth": stats.get("counters", {}).get("queue_depth")})
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(STATS_TIMEOUT_S + self.interval_s)
+
+
+def run_load(url: str, bodies: list[dict[str, Any]], *, label: str, concurrency: int, time_limit_s: float,
+             request_timeout_s: float, poll_s: float = 1.0) -> ServerRun:
+    """Send ``bodies`` from ``concurrency`` threads (each takes the next body in order) until all are sent or
+    ``time_limit_s`` has passed (requests already sent finish, within their own timeout)."""
+    url = check_loopback(url)
+    if concurrency < 1 or time_limit_s <= 0 or request_timeout_s <= 0:
+        raise ValueError("concurrency must be >= 1 and the time limits > 0")
+    stats_start = get_stats(url)
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    next_index = itertools.count()
+    deadline = time.monotonic() + time_limit_s
+    timed_out = threading.Event()
+
+    def client_loop():
+        with client(url, request_timeout_s) as http:
+            while True:
+                with lock:
+                    index = next(next_index)
+                if index >= len(bodies):
+                    return
+                if time.monotonic() >= deadline:
+                    timed_out.set()
+                    return
+                outcome = send_one(http, index, bodies[index])
+                with lock:
+                    outcomes.append(outcome)
+
+    poller = _StatsPoller(url, poll_s)
+    poller.start()
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client_loop, name=f"load-client-{i}", daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(time_limit_s + request_timeout_s + 5)
+    wall = time.perf_counter() - start
+    poller.stop()
+    with lock:
+        done = sorted(outcomes, key=lambda o: o.index)
+    return ServerRun(label, url, done, wall, stats_start, get_stats(url), poller.polls,
+                     timed_out.is_set() or any(t.is_alive() for t in threads))

@@ -1,0 +1,256 @@
+"""Bounded load test of one or two ``scripts/serve.py`` servers on 127.0.0.1.
+
+C client threads send N requests (a deterministic mix of sizes, prompts and seeds) within a time limit,
+and the script reports p50/p95/p99 latency, throughput, errors by status, GPU memory at start and end
+(from ``/stats``), and whether equal requests got bitwise equal images. With two servers (``--compare``,
+two ``--url`` or two ``--spawn``) the same mix runs against each in turn, the numbers are printed side
+by side, and every request's decoded pixels are compared across the servers. See ``docs/serving.md``.
+
+Examples::
+
+    python scripts/load.py --url http://127.0.0.1:8000 --requests 20 --concurrency 2
+    python scripts/load.py --compare http://127.0.0.1:8000 http://127.0.0.1:8001 --out load.json
+    python scripts/load.py --spawn "--model pixart --size full --no-resolution-binning --warmup 512x512" \\
+                           --spawn "--model pixart --size full --no-resolution-binning --warmup 512x512 --bcg"
+
+Exit code 0 when every request was answered 200, equal requests were equal and (two servers) both
+servers' images were equal (and ``--max-latency-ratio``, if given, was met); 1 otherwise; 2 for bad
+arguments, including a server that is not on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .load_mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
+
+try:
+    from .load_run import check_loopback, get_stats, run_load  # httpx: the serve extra
+except ModuleNotFoundError as exc:
+    if exc.name != "httpx":
+        raise
+    MISSING: str | None = f"{exc}; install the load test's packages with: pip install -e \".[serve]\""
+else:
+    MISSING = None
+    from .load_report import cross_check, format_report, latency_ratios, summarize
+    from .requests import RequestError, parse_size
+    from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="load.py",
+        description="Bounded load test of scripts/serve.py servers on 127.0.0.1 (one, or two side by side).",
+        epilog="See docs/serving.md for the PixArt and Flux runs.",
+    )
+    g = p.add_argument_group("servers (one of)")
+    g.add_argument("--url", action="append", default=[], metavar="URL",
+                   help="a running server, http://127.0.0.1:PORT; twice for two servers")
+    g.add_argument("--compare", nargs=2, metavar=("URL_A", "URL_B"), help="two running servers, side by side")
+    g.add_argument("--spawn", action="append", default=[], metavar="ARGS",
+                   help="start 'scripts/serve.py ARGS --host 127.0.0.1 --port 0' for the run and stop it after; "
+                   "twice for two servers")
+    g.add_argument("--labels", default=None, metavar="A[,B]",
+                   help="names of the servers in the report (default: eager/bcg[+compile] from their /stats)")
+    g = p.add_argument_group("load")
+    g.add_argument("--requests", type=int, default=200, help="requests per server (default: 200)")
+    g.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
+    g.add_argument("--time-limit", type=float, default=600.0,
+                   help="seconds per server after which no new request is sent (default: 600)")
+    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default: 300)")
+    g = p.add_argument_group("request mix")
+    g.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
+                   help=f"sizes WxH drawn per request (default: {','.join(DEFAULT_SIZES)}; warm the first three)")
+    g.add_argument("--prompts", default=None, metavar="P1|P2|...",
+                   help=f"prompts drawn per request, separated by '|' (default: {len(DEFAULT_PROMPTS)} built-in)")
+    g.add_argument("--seeds", type=int, default=4, help="seeds drawn per request from 0 .. SEEDS-1 (default: 4)")
+    g.add_argument("--mix-seed", type=int, default=0, help="seed of the mix itself (default: 0)")
+    g.add_argument("--steps", type=int, default=None, help="num_inference_steps of every request (default: server's)")
+    g.add_argument("--guidance", type=float, default=None, help="guidance_scale of every request (default: server's)")
+    g.add_argument("--negative-prompt", default=None, help="negative_prompt of every request")
+    g.add_argument("--n", type=int, default=1, help="images per request (default: 1)")
+    g = p.add_argument_group("checks and output")
+    g.add_argument("--memory-tolerance", type=float, default=0.05,
+                   help="GPU memory allocated at the end may differ from the start by this fraction (default: 0.05)")
+    g.add_argument("--max-latency-ratio", type=float, default=None, metavar="R",
+                   help="two servers: pass only if the second's p50 and p99 latency are <= R x the first's")
+    g.add_argument("--out", type=Path, default=None, help="write the results (and every request's outcome) as JSON")
+    g = p.add_argument_group("spawned servers")
+    g.add_argument("--spawn-timeout", type=float, default=900.0,
+                   help="seconds for spawned servers to build, warm up and listen (default: 900)")
+    g.add_argument("--spawn-mode", choices=("together", "sequential"), default="together",
+                   help="together: start every server at once (less wall time); sequential: one server on the "
+                   "machine at a time (less memory; default: together)")
+    g.add_argument("--spawn-log-dir", type=Path, default=None, help="where the servers' logs go (default: a temp dir)")
+    return p
+
+
+def check_arguments(args, parser: argparse.ArgumentParser) -> None:
+    targets = [bool(args.url), bool(args.compare), bool(args.spawn)]
+    if sum(targets) != 1:
+        parser.error("give exactly one of --url, --compare or --spawn")
+    if len(args.url) > 2 or len(args.spawn) > 2:
+        parser.error("at most two servers (two --url or two --spawn)")
+    servers = len(args.url) or len(args.spawn) or 2
+    if args.labels and len(args.labels.split(",")) != servers:
+        parser.error(f"--labels {args.labels!r}: give one name per server ({servers})")
+    for arg_string in args.spawn:
+        words = arg_string.split()
+        if any(w == flag or w.startswith(flag + "=") for w in words for flag in ("--host", "--port")):
+            parser.error(f"--spawn {arg_string!r}: leave --host and --port out; spawned servers listen on "
+                         "127.0.0.1 on a free port")
+    for url in args.url + list(args.compare or []):
+        try:
+            check_loopback(url)
+        except ValueError as exc:
+            parser.error(str(exc))
+    for name in ("requests", "concurrency", "seeds", "n"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1 (got {args.steps})")
+    for name in ("time_limit", "request_timeout", "spawn_timeout"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if not 0 <= args.memory_tolerance:
+        parser.error("--memory-tolerance must be >= 0")
+    for size in args.sizes.split(","):
+        try:
+            parse_size(size, param="--sizes")
+        except RequestError as exc:
+            parser.error(exc.message)
+
+
+def mix_spec(args) -> MixSpec:
+    prompts = tuple(p for p in args.prompts.split("|") if p.strip()) if args.prompts else DEFAULT_PROMPTS
+    return MixSpec(sizes=tuple(args.sizes.split(",")), prompts=prompts, seeds=args.seeds, n=args.n,
+                   steps=args.steps, guidance=args.guidance, negative_prompt=args.negative_prompt,
+                   mix_seed=args.mix_seed)
+
+
+def default_label(stats: dict[str, Any]) -> str:
+    server = stats.get("server", {})
+    label = "bcg" if server.get("bcg") else "eager"
+    return label + ("+compile" if server.get("compile") else "")
+
+
+def labels_for(urls: list[str], args) -> list[str]:
+    if args.labels:
+        return args.labels.split(",")
+    labels = [default_label(get_stats(u)) for u in urls]
+    if len(set(labels)) < len(labels):
+        labels = [f"{lbl}-{chr(ord('A') + i)}" for i, lbl in enumerate(labels)]
+    return labels
+
+
+def load_one(url: str, label: str, bodies, args) -> Any:
+    print(f"{label}: {len(bodies)} requests to {url} from {args.concurrency} clients ...", flush=True)
+    run = run_load(url, bodies, label=label, concurrency=args.concurrency, time_limit_s=args.time_limit,
+                   request_timeout_s=args.request_timeout)
+    print(f"{label}: done in {run.wall_s:.1f} s", flush=True)
+    return run
+
+
+def run_against_urls(urls: list[str], args, bodies) -> list[Any]:
+    labels = labels_for(urls, args)
+    return [load_one(url, label, bodies, args) for url, label in zip(urls, labels)]
+
+
+def run_spawned(args, bodies) -> list[Any]:
+    log_dir = args.spawn_log_dir or Path(tempfile.mkdtemp(prefix="bcg-load-"))
+    print(f"starting {len(args.spawn)} server(s) ({args.spawn_mode}); logs in {log_dir}", flush=True)
+    if args.spawn_mode == "together":
+        start = time.perf_counter()
+        with spawned_servers(args.spawn, log_dir, args.spawn_timeout) as servers:
+            print(f"servers listening after {time.perf_counter() - start:.1f} s: "
+                  f"{', '.join(s.url for s in servers)}", flush=True)
+            return run_against_urls([s.url for s in servers], args, bodies)
+    runs = []
+    given = args.labels.split(",") if args.labels else []
+    for i, arg_string in enumerate(args.spawn):
+        server = start_server(arg_string, log_dir / f"server{i}.log")
+        try:
+            wait_ready([server], args.spawn_timeout)
+            label = given[i] if len(given) == len(args.spawn) else default_label(get_stats(server.url))
+            if any(r.label == label for r in runs):
+                label = f"{label}-{chr(ord('A') + i)}"
+            runs.append(load_one(server.url, label, bodies, args))
+        finally:
+            stop_server(server)
+    return runs
+
+
+def report(runs, args, spec: MixSpec) -> tuple[str, dict[str, Any], bool]:
+    summaries = [summarize(r, args.memory_tolerance) for r in runs]
+    cross = cross_check(runs[0], runs[1]) if len(runs) == 2 else None
+    ratios = latency_ratios(summaries[0], summaries[1], args.max_latency_ratio) if len(runs) == 2 else None
+    warmed = set((summaries[0]["server"].get("warmup") or {}).get("sizes") or [])
+    sizes = ", ".join(s + ("*" if s in warmed else "") for s in spec.sizes)
+    header = (f"load: {args.requests} requests per server, {args.concurrency} clients, sizes {sizes} (* warmed), "
+              f"{len(spec.prompts)} prompts x {spec.seeds} seeds, mix seed {spec.mix_seed}")
+    text = format_report(summaries, cross, ratios, header)
+    passed = all(s["ok"] == s["requests"] == args.requests and not s["consistency"]["inconsistent_identities"]
+                 for s in summaries)
+    if cross is not None:
+        passed = passed and not cross["mismatched"] and not cross["not_compared"]
+    if ratios is not None and ratios["passed"] is False:
+        passed = False
+    result = {"mix": dataclasses.asdict(spec),
+              "requests": args.requests, "concurrency": args.concurrency, "servers": summaries,
+              "cross_check": cross, "latency_ratio": ratios, "passed": passed,
+              "outcomes": {r.label: [o.__dict__ for o in r.outcomes] for r in runs}}
+    return text, result, passed
+
+
+def _stop_on_sigterm(_signum, _frame):
+    raise SystemExit(143)  # finally blocks stop spawned servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if MISSING:
+            parser.error(MISSING)
+        check_arguments(args, parser)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    spec = mix_spec(args)
+    bodies = build_mix(spec, args.requests)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main_thread else None
+    try:
+        if args.spawn:
+            runs = run_spawned(args, bodies)
+        else:
+            runs = run_against_urls(args.url or list(args.compare), args, bodies)
+    except SpawnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - e.g. a server that does not answer /stats
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    text, result, passed = report(runs, args, spec)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {args.out}")
+    print(f"result: {'PASS' if passed else 'FAIL'}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

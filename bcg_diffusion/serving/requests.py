@@ -1,0 +1,254 @@
+"""The body of ``POST /v1/images/generations``, its validation, and the pipeline call it becomes.
+
+Everything here runs before any pipeline work: a request that fails a check raises
+:class:`RequestError` (a 4xx in the OpenAI error format) and never reaches the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+import bcg_pipelines as pipelines
+from bcg_pipelines.calls import BATCH_KWARGS
+
+__all__ = [
+    "GenerationJob",
+    "ImageRequest",
+    "RequestError",
+    "RequestLimits",
+    "RequestPlanner",
+    "parse_size",
+]
+
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
+SIZE_PATTERN = re.compile(r"^([0-9]+)[xX]([0-9]+)$")
+SUPPORTED_RESPONSE_FORMAT = "b64_json"
+SUPPORTED_OUTPUT_FORMAT = "png"
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": None}}
+
+
+class ImageRequest(BaseModel):
+    """The JSON body: the OpenAI images API fields plus the diffusion fields.
+
+    Types are strict (``"2"`` is not an integer, ``true`` is not a number) and unknown fields are refused,
+    so a misspelt ``num_inference_step`` fails instead of being ignored. ``model`` and ``user`` are accepted
+    and ignored (clients send them); ``null`` means the default for every optional field.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: str
+    n: int | None = None
+    size: str | None = None
+    response_format: str | None = None
+    output_format: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    negative_prompt: str | None = None
+    model: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request may ask for (server options; the granularity comes from the pipeline).
+
+    ``granularity``: height and width must be positive multiples of it; ``max_pixels``: height x width
+    at most; ``max_steps``: ``num_inference_steps`` in 1 .. max_steps; ``max_n``: images per request in
+    1 .. max_n (1 where the pipeline has no images-per-prompt argument); ``max_prompt_chars``: prompt length.
+    """
+
+    granularity: int
+    max_pixels: int
+    max_steps: int
+    max_n: int
+    max_prompt_chars: int = 4000
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """One validated request: what it asked for and the ``pipe(...)`` keyword arguments (no generator)."""
+
+    prompt: str
+    width: int
+    height: int
+    n: int
+    steps: int
+    seed: int
+    guidance: float | None
+    negative_prompt: str | None
+    call: dict[str, Any] = field(compare=False)
+
+    @property
+    def size(self) -> str:
+        return f"{self.width}x{self.height}"
+
+
+def parse_size(text: str, *, param: str = "size") -> tuple[int, int]:
+    """``"WxH"`` (width first, as in the OpenAI API) -> ``(width, height)``; :class:`RequestError` otherwise."""
+    match = SIZE_PATTERN.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise RequestError(f"{param} {text!r} is not WIDTHxHEIGHT in pixels, e.g. '512x512'", param=param)
+    return int(match.group(1)), int(match.group(2))
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; :class:`RequestError` for an empty body, bad JSON or a non-object."""
+    if not raw.strip():
+        raise RequestError('the request body is empty; send a JSON object such as {"prompt": "a fox"}')
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object such as "
+                           '{"prompt": "a fox"}') from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, not a JSON {type(body).__name__}")
+    return body
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    """One sentence per pydantic error, and the first field named."""
+    accepted = ", ".join(ImageRequest.model_fields)
+    parts, first = [], None
+    for error in exc.errors():
+        name = ".".join(str(p) for p in error["loc"]) or "body"
+        first = first or name
+        if error["type"] == "missing":
+            parts.append(f"'{name}' is required")
+        elif error["type"] == "extra_forbidden":
+            parts.append(f"unknown field '{name}' (accepted fields: {accepted})")
+        else:
+            shown = repr(error.get("input"))
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            parts.append(f"'{name}': {error['msg'].lower()} (got {shown})")
+    return "; ".join(parts), first
+
+
+@dataclass
+class RequestPlanner:
+    """Turns request bodies into :class:`GenerationJob` for one pipeline, checking every limit first.
+
+    ``spec`` is the pipeline's family (``None`` for a checkpoint of no known family) and ``size`` its model
+    size, ``--size`` tiny or full (the family defaults come from it; a request's ``size`` is an image size, WxH). ``resolution_binning=False`` passes
+    ``use_resolution_binning=False`` wherever the pipeline takes it. The pipeline itself is only read
+    (its call signature), never called.
+    """
+
+    pipe: Any
+    spec: Any
+    size: str  # the model size (tiny, full), not an image size
+    limits: RequestLimits
+    default_width: int
+    default_height: int
+    default_steps: int
+    resolution_binning: bool = True
+
+    def __post_init__(self):
+        params = pipelines.call_parameters(self.pipe)
+        self.takes_batch = any(k in params for k in BATCH_KWARGS)
+        self.takes_binning = "use_resolution_binning" in params
+
+    # -- body -> job ---------------------------------------------------------------------------------
+    def parse(self, raw: bytes) -> GenerationJob:
+        """Validate a raw request body; :class:`RequestError` (400) for anything wrong."""
+        body = parse_body(raw)
+        try:
+            request = ImageRequest.model_validate(body)
+        except ValidationError as exc:
+            message, param = _validation_message(exc)
+            raise RequestError(message, param=param) from None
+        return self.job(request)
+
+    def job(self, r: ImageRequest) -> GenerationJob:
+        """Check a typed request against the limits and build its pipeline call."""
+        lim = self.limits
+        if not r.prompt.strip():
+            raise RequestError("prompt must not be empty", param="prompt")
+        if len(r.prompt) > lim.max_prompt_chars:
+            raise RequestError(f"prompt has {len(r.prompt)} characters; at most {lim.max_prompt_chars}",
+                               param="prompt")
+        if r.response_format not in (None, SUPPORTED_RESPONSE_FORMAT):
+            hint = (" (this server returns images inline and hosts no files)" if r.response_format == "url" else "")
+            raise RequestError(f"response_format {r.response_format!r} is not supported{hint}; use "
+                               f"'{SUPPORTED_RESPONSE_FORMAT}'", param="response_format")
+        if r.output_format not in (None, SUPPORTED_OUTPUT_FORMAT):
+            raise RequestError(f"output_format {r.output_format!r} is not supported; this server returns PNG "
+                               f"('{SUPPORTED_OUTPUT_FORMAT}')", param="output_format")
+        n = 1 if r.n is None else r.n
+        max_n = lim.max_n if self.takes_batch else 1
+        if not 1 <= n <= max_n:
+            why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
+            raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
+        width, height = self._pixels(r.size)
+        steps = r.num_inference_steps if r.num_inference_steps is not None else self.default_steps
+        if not 1 <= steps <= lim.max_steps:
+            raise RequestError(f"num_inference_steps={steps} is out of range: 1 .. {lim.max_steps}",
+                               param="num_inference_steps")
+        seed = 0 if r.seed is None else r.seed
+        if not 0 <= seed < SEED_LIMIT:
+            raise RequestError(f"seed={seed} is out of range: 0 .. 2**64 - 1", param="seed")
+        if r.guidance_scale is not None and not 0.0 <= r.guidance_scale <= 1e4:
+            raise RequestError(f"guidance_scale={r.guidance_scale} is out of range: 0 .. 10000",
+                               param="guidance_scale")
+        call = self._call(r, width, height, steps, n)
+        return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call)
+
+    def _pixels(self, size: str | None) -> tuple[int, int]:
+        """The width and height of a request's ``size`` (``WxH``, ``auto`` or none: the default)."""
+        lim = self.limits
+        if size is None or size == "auto":
+            return self.default_width, self.default_height
+        width, height = parse_size(size)
+        g = lim.granularity
+        if width < g or height < g or width % g or height % g:
+            raise RequestError(f"size {size!r}: width and height must be positive multiples of {g} "
+                               f"(the model's VAE scale factor x patch size), e.g. "
+                               f"'{self.default_width}x{self.default_height}'", param="size")
+        if width * height > lim.max_pixels:
+            raise RequestError(f"size {size!r} has {width * height} pixels; this server allows at most "
+                               f"{lim.max_pixels} (--max-pixels)", param="size")
+        return width, height
+
+    def _call(self, r: ImageRequest, width: int, height: int, steps: int, n: int) -> dict[str, Any]:
+        try:
+            call = pipelines.plan_call(self.spec, self.size, prompt=r.prompt, height=height, width=width,
+                                       steps=steps, guidance=r.guidance_scale, negative_prompt=r.negative_prompt)
+            call, dropped = pipelines.fit_call(self.pipe, call, batch=n, exact_shape=not self.resolution_binning)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        guidance_kwarg = self.spec.guidance_kwarg if self.spec is not None else "guidance_scale"
+        asked = {("negative_prompt", "negative_prompt"): r.negative_prompt is not None,
+                 (guidance_kwarg, "guidance_scale"): r.guidance_scale is not None}
+        for (key, param), given in asked.items():
+            if given and key in dropped:
+                raise RequestError(f"{type(self.pipe).__name__} takes no {key!r}; leave {param} out", param=param)
+        return call
+
+    # -- start-up ------------------------------------------------------------------------------------
+    def default_job(self, width: int, height: int, prompt: str = "warm-up") -> GenerationJob:
+        """The job of a request that gives only ``prompt`` and ``size`` (warm-up uses its call)."""
+        return self.job(ImageRequest(prompt=prompt, size=f"{width}x{height}"))

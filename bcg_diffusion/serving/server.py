@@ -1,0 +1,335 @@
+"""Serve one diffusers DiT pipeline over HTTP with the OpenAI images API, eagerly or with BCG.
+
+``POST /v1/images/generations`` (``prompt``, ``n``, ``size`` "WxH", ``response_format`` "b64_json", plus
+``num_inference_steps``, ``guidance_scale``, ``seed``, ``negative_prompt``) answers
+``{"created": ..., "data": [{"b64_json": <PNG>}]}``; ``GET /stats`` and ``GET /health``. One worker
+thread runs the pipeline, one call at a time; bad requests get a 400 before any pipeline work. Needs the
+``serve`` extra (``pip install -e ".[serve]"``). See ``docs/serving.md``.
+
+Examples::
+
+    python scripts/serve.py                                    # tiny Flux on 127.0.0.1:8000, seconds on a CPU
+    python scripts/serve.py --model pixart --size full --no-resolution-binning --bcg --warmup 512x512
+    python scripts/serve.py --model flux --size full --bcg --compile --warmup 512x512,1024x1024 --port 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import socket
+import sys
+import time
+from typing import Any
+
+import torch
+
+import bcg_diffusion
+import bcg_pipelines as pipelines
+from bcg_diffusion.cli.options import Failure, add_model_options, choose_device, family_or_checkpoint
+from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
+
+from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
+
+SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
+try:
+    from .app import ServerState, create_app
+    from .granularity import pixel_granularity
+    from .requests import RequestError, RequestLimits, RequestPlanner, parse_size
+    from .startup_warmup import run_warmup
+    from .worker import ImageGenerator, PipelineWorker, ServerCounters, parse_injection
+except ModuleNotFoundError as exc:  # the serve extra is not installed
+    if exc.name not in SERVE_EXTRA_MODULES:
+        raise
+    MISSING_SERVE_EXTRA: str | None = f"{exc}; install the server's packages with: pip install -e \".[serve]\""
+else:
+    MISSING_SERVE_EXTRA = None
+
+logger = logging.getLogger("serve")
+
+DEFAULT_MODEL = "flux"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MAX_PIXELS = 2048 * 1024
+DEFAULT_MAX_STEPS = 100
+DEFAULT_MAX_N = 4
+DEFAULT_MAX_QUEUE = 64
+CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
+CHECKPOINT_DEFAULT_STEPS = 28
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="serve.py",
+        description="Serve one diffusers DiT pipeline with the OpenAI images API (POST /v1/images/generations), "
+        "eagerly or with breakable CUDA graphs. GET /stats and GET /health. See docs/serving.md.",
+    )
+    add_model_options(p, DEFAULT_MODEL, which="; image families only")
+    g = p.add_argument_group("speed")
+    g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
+    g.add_argument("--compile", action="store_true",
+                   help="regional torch.compile of the transformer's repeated blocks (as generate.py --compile; "
+                   "combines with --bcg)")
+    g.add_argument("--warmup", default=None, metavar="WxH[,WxH...]",
+                   help="sizes to run once before listening, e.g. 512x512,1024x1024 (bcg_diffusion.warmup where it "
+                   "exists, else one 2-step call per size)")
+    g = p.add_argument_group("requests")
+    g.add_argument("--default-size", default=None, metavar="WxH",
+                   help="size of a request without one (default: the family's for --size; 1024x1024 for a checkpoint)")
+    g.add_argument("--steps", type=int, default=None,
+                   help="num_inference_steps of a request without one (default: the family's)")
+    g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help=f"largest width x height a request may ask for (default: {DEFAULT_MAX_PIXELS})")
+    g.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
+                   help=f"largest num_inference_steps (default: {DEFAULT_MAX_STEPS})")
+    g.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"largest n (default: {DEFAULT_MAX_N})")
+    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help=f"requests waiting or running at once; more get a 503 (default: {DEFAULT_MAX_QUEUE})")
+    g.add_argument("--no-resolution-binning", action="store_true",
+                   help="pass use_resolution_binning=False wherever the pipeline takes it (PixArt, Sana): the "
+                   "transformer then runs the size asked for, not the nearest aspect-ratio bin")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default: {DEFAULT_HOST}; anything else is reachable from other "
+                   "machines and there is no authentication)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port (default: {DEFAULT_PORT}; 0: a free port, printed as '{LISTENING_PREFIX}URL')")
+    g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="log level of the server's own log on stderr (default: info)")
+    g = p.add_argument_group("testing")
+    g.add_argument("--inject", action="append", default=[], metavar="KIND:PROMPT",
+                   help="testing only: a request with exactly PROMPT fails inside the pipeline after its first step "
+                   "(KIND error: a 500; oom: a torch.OutOfMemoryError, a 503) or sleeps there 2 s (slow); repeatable")
+    return p
+
+
+def parse_size_option(text: str, name: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    try:
+        return parse_size(text, param=name)
+    except RequestError as exc:
+        parser.error(exc.message)
+
+
+def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``parser.error`` (exit 2) for bad options; returns the parsed sizes and injections."""
+    for name in ("max_pixels", "max_steps", "max_n", "max_queue", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
+    warmup = [parse_size_option(s, "--warmup", parser) for s in args.warmup.split(",")] if args.warmup else []
+    default_size = parse_size_option(args.default_size, "--default-size", parser) if args.default_size else None
+    injections = {}
+    for text in args.inject:
+        try:
+            kind, prompt = parse_injection(text)
+        except ValueError as exc:
+            parser.error(str(exc))
+        injections[prompt] = kind
+    return {"warmup": warmup, "default_size": default_size, "injections": injections}
+
+
+def is_loopback(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return host == "localhost"
+
+
+def check_image_family(spec, parser: argparse.ArgumentParser) -> None:
+    if spec is not None and spec.is_video:
+        images = [n for n in pipelines.list_families() if not pipelines.get_family(n).is_video]
+        parser.error(f"--model {spec.name} makes videos; serve.py serves images (the OpenAI images API): "
+                     f"choose one of {', '.join(images)}")
+
+
+def precheck_sizes(spec, sizes: list[tuple[int, int]], args, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for a --warmup or --default-size the family cannot make, before anything is built
+    (a checkpoint's sizes are checked once it is loaded)."""
+    for width, height in sizes:
+        if spec is not None and (width % spec.spatial_multiple or height % spec.spatial_multiple):
+            parser.error(f"size {width}x{height}: width and height must be positive multiples of "
+                         f"{spec.spatial_multiple} for {spec.name} (VAE scale factor x patch size)")
+        if width * height > args.max_pixels:
+            parser.error(f"size {width}x{height} has {width * height} pixels, above --max-pixels {args.max_pixels}")
+
+
+def build(args, spec, device: torch.device, dtype: torch.dtype):
+    """The pipeline (random weights of a family, or a checkpoint), and its family (``None`` if unknown)."""
+    try:
+        if spec is not None:
+            return pipelines.build_pipeline(spec.name, size=args.size, device=device, dtype=dtype, seed=0), spec
+        pipe = pipelines.load_pipeline(args.model, device=device, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - a failed build is reported, not a traceback
+        raise Failure(1, f"error: could not build {args.model}: {type(exc).__name__}: {exc}") from exc
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        spec = pipelines.family_of(pipe)
+    except ValueError:
+        spec = None
+    if spec is not None and spec.is_video:
+        raise Failure(2, f"serve.py: error: {args.model} is a {spec.name} pipeline, which makes videos; serve.py "
+                      "serves images")
+    return pipe, spec
+
+
+def speed_up(pipe, args, device: torch.device) -> list[str]:
+    """``--compile`` then ``--bcg`` (BCG captures the compiled kernels); the notes to print."""
+    notes = []
+    if args.compile:
+        try:
+            notes.append(regional_compile(pipe.transformer))
+        except Exception as exc:  # noqa: BLE001
+            raise Failure(1, f"error: --compile: {type(exc).__name__}: {exc}") from exc
+    if args.bcg:
+        try:
+            with contextlib.nullcontext() if device.type == "cuda" else quiet_library_warnings():
+                bcg_diffusion.accelerate_pipeline(pipe)
+        except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError
+            raise Failure(1, f"error: BCG could not be applied: {type(exc).__name__}: {exc}") from exc
+        notes.append("BCG on" if device.type == "cuda" else
+                     "note: BCG needs a CUDA GPU and none is in use here, so every call runs eagerly")
+    return notes
+
+
+def default_steps(pipe, spec, args) -> int:
+    if args.steps is not None:
+        return args.steps
+    if spec is not None:
+        return spec.default_steps
+    param = pipelines.call_parameters(pipe).get("num_inference_steps")
+    value = getattr(param, "default", None)
+    return value if isinstance(value, int) and value > 0 else CHECKPOINT_DEFAULT_STEPS
+
+
+def model_size(args) -> str:
+    """The model size whose defaults apply: ``--size`` for random weights; ``full`` for a checkpoint (the published
+    model)."""
+    return args.size if args.model in pipelines.list_families() else "full"
+
+
+def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
+    g = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
+    limits = RequestLimits(granularity=g, max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n)
+    size = model_size(args)
+    if default_size is None:
+        default_size = ((spec.size(size).width, spec.size(size).height) if spec is not None
+                        else CHECKPOINT_DEFAULT_SIZE)
+    planner = RequestPlanner(pipe, spec, size, limits,
+                             default_width=default_size[0], default_height=default_size[1],
+                             default_steps=default_steps(pipe, spec, args),
+                             resolution_binning=not args.no_resolution_binning)
+    try:
+        planner.default_job(*default_size)
+    except RequestError as exc:
+        raise Failure(2, f"serve.py: error: the default request is invalid: {exc.message}") from exc
+    return planner
+
+
+def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner,
+            sizes: list[tuple[int, int]]) -> dict[str, Any]:
+    """Run the warm-up on the worker thread; print its report; its summary for ``/stats``."""
+    if not sizes:
+        return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None}
+    method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else "server (2-step calls)"
+    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} ({method}) ...", flush=True)
+    try:
+        report = worker.submit(lambda: run_warmup(generator, planner, sizes)).result()
+    except RequestError as exc:
+        raise Failure(2, f"serve.py: error: --warmup: {exc.message}") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise Failure(1, f"error: warm-up failed: {type(exc).__name__}: {exc}") from exc
+    print(str(report), flush=True)
+    return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(float(report.total_s), 3),
+            "captures": int(report.captures), "method": method}
+
+
+def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup: dict) -> dict[str, Any]:
+    return {
+        "model": args.model, "family": spec.name if spec is not None else None,
+        "size": args.size if args.model in pipelines.list_families() else "checkpoint",
+        "pipeline": type(pipe).__name__, "device": str(device), "dtype": pipelines.dtype_name(dtype),
+        "bcg": bool(args.bcg) and device.type == "cuda", "bcg_requested": bool(args.bcg), "compile": bool(args.compile),
+        "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
+        "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
+        "max_queue": args.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
+        "default_steps": planner.default_steps,
+        "resolution_binning": (not args.no_resolution_binning) if planner.takes_binning else None,
+        "warmup": warmup, "torch": torch.__version__, "bcg_diffusion": bcg_diffusion.__version__,
+    }
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (not listen) now, so a port in use fails before the build; connections are refused until listening."""
+    try:
+        return bind_socket(host, port, listen=False)
+    except OSError as exc:
+        raise Failure(2, f"serve.py: error: cannot bind {host}:{port}: {exc}") from exc
+
+
+def announce(url: str) -> None:
+    print(f"{LISTENING_PREFIX}{url}", flush=True)
+
+
+def start(args, parser) -> int:
+    options = check_arguments(args, parser)
+    if not is_loopback(args.host):
+        print(f"warning: --host {args.host}: the server is reachable from other machines and has no authentication",
+              file=sys.stderr)
+    device = choose_device(args, parser)
+    dtype = pipelines.resolve_dtype(args.dtype, device)
+    spec = family_or_checkpoint(args.model, parser)
+    check_image_family(spec, parser)
+    precheck_sizes(spec, options["warmup"] + ([options["default_size"]] if options["default_size"] else []), args,
+                   parser)
+    if spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:
+        parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU (tens of GiB, minutes "
+                     "per step); pass --yes to build it anyway")
+    sock = reserve_port(args.host, args.port)
+    try:
+        print(f"building {args.model} ({args.size if spec is not None else 'weights'}) on {device} in "
+              f"{pipelines.dtype_name(dtype)} ...", flush=True)
+        t0 = time.perf_counter()
+        pipe, spec = build(args, spec, device, dtype)
+        notes = speed_up(pipe, args, device)
+        planner = make_planner(pipe, spec, args, options["default_size"])
+        print(f"built in {time.perf_counter() - t0:.1f} s; sizes in multiples of {planner.limits.granularity} px, "
+              f"default {planner.default_width}x{planner.default_height}, {planner.default_steps} steps", flush=True)
+        for note in notes:
+            print(f"  {note}", flush=True)
+        if planner.takes_binning and not args.no_resolution_binning:
+            print(f"  note: {type(pipe).__name__} snaps sizes to its aspect-ratio bins and resizes the result "
+                  "(--no-resolution-binning turns that off)", flush=True)
+        counters = ServerCounters()
+        worker = PipelineWorker()
+        generator = ImageGenerator(pipe, device, counters, options["injections"])
+        warmup = warm_up(worker, generator, planner, options["warmup"])
+        info = server_info(args, spec, pipe, device, dtype, planner, warmup)
+        app = create_app(ServerState(planner, worker, generator, counters, info, args.max_queue))
+        serve(app, sock, announce)
+        worker.stop()
+    finally:
+        sock.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if MISSING_SERVE_EXTRA:
+            parser.error(MISSING_SERVE_EXTRA)
+        logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return start(args, parser)
+    except SystemExit as exc:  # --help (0) or a bad argument (2)
+        return int(exc.code or 0)
+    except Failure as failure:
+        print(failure, file=sys.stderr)
+        return failure.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""One module per model family; each defines ``SPEC``, a :class:`pipelines.registry.FamilySpec`."""
