@@ -11,7 +11,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
-import pipelines
+import bcg_pipelines as pipelines
 
 
 def tiny_flux(device: str = "cpu", seed: int = 0) -> FluxTransformer2DModel:

@@ -363,7 +363,7 @@ def pipe_kwargs(family: str, device: Any, seed: int, **overrides: Any) -> dict:
     """The keyword arguments of one tiny generation (two transformer calls per step)."""
     import torch
 
-    import pipelines
+    import bcg_pipelines as pipelines
 
     spec = pipelines.get_family(family)
     kwargs = dict(spec.call_kwargs)
@@ -382,8 +382,8 @@ def run_pipe_case(case: Case, run: Run, seed: int = 0) -> dict:
     import torch
 
     import bcg_diffusion as bcg
-    import pipelines
-    from pipelines.caches import cache_config, enable_cache
+    import bcg_pipelines as pipelines
+    from bcg_diffusion.cli.cache_option import cache_config, enable_cache
 
     record: dict = {"mismatches": [], "mismatch_count": 0, "calls": 0, "generations": []}
     start = time.monotonic()
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import diffusers
 
-    import pipelines  # noqa: F401 - imported before --pretend-cuda: libraries probe CUDA at import
+    import bcg_pipelines  # noqa: F401 - imported before --pretend-cuda: libraries probe CUDA at import
 
     if args.pretend_cuda:
         torch.cuda.is_available = lambda: True  # the runner is installed; CPU inputs run eagerly through it
