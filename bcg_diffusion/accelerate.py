@@ -31,6 +31,7 @@ from .stats import BCGStats
 logger = logging.getLogger("bcg_diffusion")
 
 _ATTR = "_bcg_acceleration"
+_INACTIVE_ATTR = "_bcg_inactive_reason"  # on a model that accelerate_* left eager (no CUDA, BCG_DIFFUSION=0)
 GRAPHS_HOOK = "bcg_graphs"
 _warned: set[str] = set()
 
@@ -142,6 +143,7 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
     module = _check_module(module)
     config, reason = _prepared(config)
     if reason is not None:
+        module.__dict__[_INACTIVE_ATTR] = reason
         return module
     _refuse_accelerated(type(module).__name__, [("transformer", module)], "remove_acceleration() to change the config")
     info = transformer_info(module, config.allow_unknown)
@@ -184,6 +186,8 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
     transformers = _transformers_of(pipe)
     config, reason = _prepared(config)
     if reason is not None:
+        for _, module in transformers:
+            module.__dict__[_INACTIVE_ATTR] = reason
         return pipe
     _refuse_accelerated(f"this {type(pipe).__name__}", transformers, "remove_acceleration(pipe)")
     if getattr(pipe, "_offload_gpu_id", None) is not None and getattr(pipe, "_all_hooks", None):
@@ -207,6 +211,7 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
 
 
 def _remove_from_module(module: torch.nn.Module) -> bool:
+    module.__dict__.pop(_INACTIVE_ATTR, None)
     acceleration = module.__dict__.pop(_ATTR, None)
     if acceleration is None:
         return False
@@ -250,14 +255,27 @@ def is_accelerated(obj: Any) -> bool:
     return bool(_runners(obj))
 
 
-def get_stats(obj: Any) -> BCGStats | None:
-    """How the calls of an accelerated pipeline or transformer ran: replayed, first calls, eager;
-    captures that succeeded and failed; per key segments, breaks, capture time, graph memory and
-    hits (see :class:`BCGStats`). ``None`` when it is not accelerated."""
+def get_stats(obj: Any) -> BCGStats:
+    """How the calls of a pipeline or transformer ran: replayed, first calls, eager; captures that
+    succeeded and failed; per key segments, breaks, capture time, graph memory and hits (see
+    :class:`BCGStats`). On a model that is not accelerated (no CUDA device, ``BCG_DIFFUSION=0``,
+    never accelerated) the stats say so (``active`` is False, ``inactive_reason`` says why), on
+    every machine. ``TypeError`` for anything but a pipeline or a ``torch.nn.Module``."""
     runners = _runners(obj)
-    if not runners:
-        return None
-    return BCGStats.combine([r.snapshot() for r in runners])
+    if runners:
+        return BCGStats.combine([r.snapshot() for r in runners])
+    if isinstance(obj, torch.nn.Module):
+        modules = [obj]
+    elif isinstance(getattr(obj, "components", None), dict):
+        modules = [m for n, m in obj.components.items() if isinstance(m, torch.nn.Module) and n.startswith("transformer")]
+    else:
+        raise TypeError(f"get_stats needs a diffusers pipeline or a torch.nn.Module, got {type(obj).__name__}")
+    reasons = [m.__dict__.get(_INACTIVE_ATTR) for m in modules]
+    reason = next((r for r in reasons if r), None) or (
+        "accelerate_pipeline was not called on it, or remove_acceleration undid it"
+    )
+    names = ", ".join(type(m).__name__ for m in modules) or type(obj).__name__
+    return BCGStats.inactive(names, reason)
 
 
 def clear_graphs(obj: Any) -> None:

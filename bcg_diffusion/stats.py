@@ -50,6 +50,8 @@ class BCGStats:
     - ``eager_calls``: calls that ran eagerly after warm-up: keys whose capture failed (fallback),
       uncacheable or non-CUDA inputs, calls that change their own inputs.
 
+    ``active`` is False when the model is not accelerated (no CUDA device, ``BCG_DIFFUSION=0``,
+    never accelerated or acceleration removed): every counter is 0 and ``inactive_reason`` says why.
     ``captures`` counts captures that succeeded, ``failed_captures`` captures that failed (or a
     replay abandoned because a break changed shape) and fell back to eager; ``misses`` calls that
     met a new key; ``structure_changes`` times the processors, hooks or forwards changed and the
@@ -78,6 +80,13 @@ class BCGStats:
     child_hits: int = 0
     child_warmup_calls: int = 0
     child_eager_calls: int = 0
+    active: bool = True  # False: not accelerated (no CUDA, BCG_DIFFUSION=0, never accelerated); see inactive_reason
+    inactive_reason: str | None = None
+
+    @staticmethod
+    def inactive(transformer: str, reason: str) -> "BCGStats":
+        """The statistics of a model that is not accelerated: nothing captured, and why."""
+        return BCGStats(transformer, False, 0, 0, 0, 0, 0.0, 0, active=False, inactive_reason=reason)
 
     @property
     def calls(self) -> int:
@@ -98,8 +107,10 @@ class BCGStats:
             values = [getattr(p, f.name) for p in parts]
             if f.name == "transformer":
                 summed[f.name] = ", ".join(values)
-            elif f.name == "debug":
+            elif f.name in ("debug", "active"):
                 summed[f.name] = any(values)
+            elif f.name == "inactive_reason":
+                summed[f.name] = next((v for v in values if v), None)
             elif f.name == "entries":
                 summed[f.name] = tuple(e for v in values for e in v)
             else:
@@ -107,6 +118,8 @@ class BCGStats:
         return BCGStats(**summed)
 
     def __str__(self) -> str:
+        if not self.active:
+            return f"{self.transformer}: not accelerated ({self.inactive_reason}); every call runs eagerly"
         mode = " (debug: segments run eagerly)" if self.debug else ""
         failed = f" ({self.failed_captures} failed)" if self.failed_captures else ""
         lines = [

@@ -160,7 +160,7 @@ def _one_call(pipe: Any, setting: dict, device: torch.device) -> WarmedShape:
     seconds = time.perf_counter() - t0
     after = get_stats(pipe)
     shown = {k: v for k, v in setting.items() if k not in ("prompt", "negative_prompt", "num_inference_steps")}
-    if before is None or after is None:
+    if not (before.active and after.active):
         return WarmedShape(shown, seconds, 0, 0.0, 0)
     return WarmedShape(
         shown,

@@ -68,7 +68,7 @@ class _Calls(SeededImages):
 
 def _bcg_stats(pipe) -> dict[str, Any] | None:
     stats = bcg_diffusion.get_stats(pipe)
-    return None if stats is None else {k: getattr(stats, k, None) for k in STATS_FIELDS}
+    return {k: getattr(stats, k, None) for k in STATS_FIELDS} if stats.active else None
 
 
 def _bcg_with_and_without_cache(calls: _Calls, entry: dict[str, Any], ref: np.ndarray, log) -> None:

@@ -113,7 +113,7 @@ def transformer_inputs(pipe, call: dict):
 
 def entry_phases(pipe) -> list[dict]:
     stats = bcg_diffusion.get_stats(pipe)
-    if stats is None:
+    if not stats.active:
         return []
     return [dict(key=e.key, capture_s=e.capture_time_s, phases=dict(e.capture_phases), segments=e.segments,
                  breaks=e.breaks, memory_mib=e.memory_bytes / 2**20, fallback=e.fallback) for e in stats.entries]

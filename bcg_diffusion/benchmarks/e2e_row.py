@@ -59,7 +59,7 @@ def run_e2e(pipe, call: dict[str, Any], seed: int, clock: Clock, log, *, case=No
         res["speedup_second_vs_eager"] = res["eager_s"] / res["bcg_second_s"]
         res["capture_overhead_s"] = res["bcg_first_s"] - res["bcg_second_s"]
         stats = bcg_diffusion.get_stats(pipe)
-        res["bcg_stats"] = None if stats is None else {k: getattr(stats, k, None) for k in E2E_STATS_FIELDS}
+        res["bcg_stats"] = {k: getattr(stats, k, None) for k in E2E_STATS_FIELDS} if stats.active else None
         if not clock.cuda:
             res["note"] = "no CUDA: accelerate_pipeline is a no-op, so the BCG calls ran eagerly"
         log(f"    e2e bcg: first call {res['bcg_first_s']:.2f} s (with capture), second {res['bcg_second_s']:.2f} s, "

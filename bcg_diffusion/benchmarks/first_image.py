@@ -182,7 +182,7 @@ def run_mode(mode: FirstImageMode, images: _Images, case_label: str, settings, l
             first_s, second_s = entry["first_call"]["s"], entry["second_call"]["s"]
             entry.update(first_image_s=entry["setup_s"] + first_s, one_off_s=entry["setup_s"] + first_s - second_s)
             stats = bcg_diffusion.get_stats(pipe)
-            if stats is not None:
+            if stats.active:
                 entry["bcg_stats"] = {k: getattr(stats, k, None) for k in STATS_FIELDS}
             if mode.bcg and not clock.cuda:
                 entry["notes"].append("no CUDA: accelerate_pipeline is a no-op, so the BCG calls ran eagerly")

@@ -174,7 +174,7 @@ def bcg_stats_dict(module) -> dict[str, Any] | None:
         stats = bcg_diffusion.get_stats(module)
     except Exception as exc:  # noqa: BLE001 - the statistics must not cost the measurement
         return {"error": f"{type(exc).__name__}: {exc}"}
-    if stats is None:
+    if not stats.active:
         return None
     out = {k: getattr(stats, k, None) for k in STATS_FIELDS}
     out["entries"] = [{k: getattr(e, k, None) for k in ENTRY_FIELDS} for e in stats.entries]

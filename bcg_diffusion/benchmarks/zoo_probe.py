@@ -168,7 +168,7 @@ def module_mode_keys(model: torch.nn.Module) -> int | None:
 
 def stats_dict(model: torch.nn.Module) -> dict[str, Any] | None:
     stats = bcg_diffusion.get_stats(model)
-    if stats is None:
+    if not stats.active:
         return None
     record = dataclasses.asdict(stats)
     record["module_mode_keys"] = module_mode_keys(model)

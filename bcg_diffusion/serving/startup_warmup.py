@@ -73,7 +73,7 @@ def warmup_call(planner: RequestPlanner, width: int, height: int) -> dict[str, A
 
 def _captures(pipe) -> int:
     stats = bcg_diffusion.get_stats(pipe)
-    return 0 if stats is None else stats.captures
+    return stats.captures
 
 
 def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]]):

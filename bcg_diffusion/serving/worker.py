@@ -160,7 +160,7 @@ class GenerationResult:
 def stats_dict(pipe) -> dict[str, Any] | None:
     """``bcg_diffusion.get_stats(pipe)`` as JSON-ready data (``None`` when BCG is not active)."""
     stats = bcg_diffusion.get_stats(pipe)
-    return None if stats is None else dataclasses.asdict(stats)
+    return dataclasses.asdict(stats) if stats.active else None
 
 
 class ImageGenerator:
