@@ -16,20 +16,42 @@ from typing import Any, Iterator
 from bcg_diffusion import CachePasses, count_cache_passes
 
 CACHE_NAMES = ("fbc", "taylorseer", "magcache", "pab", "fastercache")
+# cache-dit's caches (the cache-dit extra): on the whole pipeline, through cache_dit.enable_cache
+CACHE_DIT_NAMES = ("dbcache", "dbcache-taylorseer", "dbprune")
+CACHE_DIT_FILE = "cache-dit"
 CACHE_HELP = (
     "fbc[:THRESHOLD] (FirstBlockCache, default 0.5), taylorseer[:INTERVAL] (TaylorSeer, default 2), "
     "magcache[:THRESHOLD] (MagCache, default 0.06), pab[:RANGE] (PyramidAttentionBroadcast, default 2), "
-    "fastercache[:RANGE] (FasterCache, default 2)"
+    "fastercache[:RANGE] (FasterCache, default 2); cache-dit (pip install 'bcg-diffusion[cache-dit]'): "
+    "dbcache[:THRESHOLD], dbcache-taylorseer[:THRESHOLD], dbprune[:THRESHOLD] (cache-dit's DBCache, DBCache with "
+    "the TaylorSeer calibrator, DBPrune; residual-difference threshold, default cache-dit's 0.08), "
+    "cache-dit:FILE.yaml (any cache-dit settings, read by cache_dit.load_configs)"
 )
 _ATTENTION_PATTERN = r"^(transformer_blocks|single_transformer_blocks|blocks)\.\d+\.attn\d*$"
 _VIDEO_LAYOUT = {"wan": "BCFHW", "hunyuanvideo": "BCFHW", "ltx": "BCFHW", "cogvideox": "BFCHW"}
 
 
-def parse_cache(text: str) -> tuple[str, float | None]:
-    """``"fbc:0.2"`` -> ``("fbc", 0.2)``; raises ``ValueError`` naming the accepted forms."""
+def is_cache_dit(text: str) -> bool:
+    """Whether ``text`` names one of cache-dit's caches (see :data:`CACHE_HELP`)."""
+    return text.partition(":")[0].strip().lower() in CACHE_DIT_NAMES + (CACHE_DIT_FILE,)
+
+
+def parse_cache(text: str) -> tuple[str, float | str | None]:
+    """``"fbc:0.2"`` -> ``("fbc", 0.2)``, ``"cache-dit:c.yaml"`` -> ``("cache-dit", "c.yaml")``; raises
+    ``ValueError`` naming the accepted forms (and what to install for cache-dit's)."""
     name, _, value = text.partition(":")
     name = name.strip().lower()
-    if name not in CACHE_NAMES:
+    if name in CACHE_DIT_NAMES + (CACHE_DIT_FILE,):
+        _require_cache_dit(text)
+        if name == CACHE_DIT_FILE:
+            if not value.strip():
+                raise ValueError(f"cache {text!r}: give the settings file, e.g. cache-dit:cache.yaml")
+            from pathlib import Path
+
+            if not Path(value.strip()).is_file():
+                raise ValueError(f"cache {text!r}: no file {value.strip()!r}")
+            return name, value.strip()
+    elif name not in CACHE_NAMES:
         raise ValueError(f"unknown cache {text!r}; use one of: {CACHE_HELP}")
     if not value:
         return name, None
@@ -40,6 +62,42 @@ def parse_cache(text: str) -> tuple[str, float | None]:
     if number <= 0:
         raise ValueError(f"cache {text!r}: the value after ':' must be positive")
     return name, number
+
+
+def _require_cache_dit(text: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("cache_dit") is None:
+        raise ValueError(f"cache {text!r} is cache-dit's, which is not installed: pip install 'bcg-diffusion[cache-dit]'")
+
+
+def cache_dit_settings(text: str) -> dict[str, Any]:
+    """``cache_dit.enable_cache`` keyword arguments for a cache-dit spec (fresh objects each call)."""
+    import cache_dit
+
+    name, value = parse_cache(text)
+    if name == CACHE_DIT_FILE:
+        return dict(cache_dit.load_configs(value))
+    threshold = {} if value is None else {"residual_diff_threshold": value}
+    if name == "dbprune":
+        return {"cache_config": cache_dit.DBPruneConfig(**threshold)}
+    settings = {"cache_config": cache_dit.DBCacheConfig(**threshold)}
+    if name == "dbcache-taylorseer":
+        settings["calibrator_config"] = cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=1)
+    return settings
+
+
+def _fit_cache_dit_blocks(config: Any, transformer: Any) -> str:
+    """cache-dit's default ``Fn_compute_blocks`` (8) needs 8 blocks per block list: on a smaller
+    (tiny) transformer use as many as its shortest block list has, and say so."""
+    import torch
+
+    lengths = [len(c) for c in transformer.children() if isinstance(c, torch.nn.ModuleList) and len(c)]
+    shortest = min(lengths) if lengths else None
+    if shortest is None or config.Fn_compute_blocks + config.Bn_compute_blocks <= shortest:
+        return ""
+    config.Fn_compute_blocks, config.Bn_compute_blocks = max(1, shortest - config.Bn_compute_blocks), min(config.Bn_compute_blocks, shortest - 1)
+    return f"; Fn_compute_blocks={config.Fn_compute_blocks}, Bn_compute_blocks={config.Bn_compute_blocks} (its block lists are short)"
 
 
 def cache_config(text: str, pipe: Any, family: str, num_inference_steps: int, cfg_mode: str) -> Any:
@@ -152,6 +210,8 @@ def cache_unsupported_reason(text: str, family: str) -> str | None:
     """Why the cache ``text`` cannot run on ``family`` (``None`` where it runs); ``ValueError`` for an
     unknown cache."""
     name, _ = parse_cache(text)
+    if name in CACHE_DIT_NAMES + (CACHE_DIT_FILE,):
+        return None  # cache-dit says itself which pipelines it adapts (cache_dit.supported_pipelines())
     if family in CACHE_FAMILIES[name]:
         return None
     why = _WHY_NOT[name].get(family, "it was not checked with this cache")
@@ -177,8 +237,14 @@ def _diffusers_version() -> str:
 
 
 def disable_cache(transformer: Any) -> None:
-    """Undo :func:`enable_cache`: ``transformer.disable_cache()`` where it has one (CacheMixin), else
-    remove the step-cache hooks that diffusers' ``apply_*`` functions registered on its modules."""
+    """Undo :func:`enable_cache`: cache-dit's ``disable_cache`` where cache-dit cached it,
+    ``transformer.disable_cache()`` where it has one (CacheMixin), else remove the step-cache hooks
+    that diffusers' ``apply_*`` functions registered on its modules."""
+    if getattr(transformer, "_is_cached", False) and hasattr(transformer, "_context_manager"):
+        import cache_dit
+
+        cache_dit.disable_cache(transformer)
+        return
     if hasattr(transformer, "disable_cache"):
         if getattr(transformer, "is_cache_enabled", False):
             transformer.disable_cache()
@@ -214,8 +280,17 @@ def check_cache_option(text: str, family: str | None) -> None:
 
 
 def apply_cache(pipe: Any, text: str, family: str, steps: int) -> str:
-    """Enable the step cache ``text`` on ``pipe.transformer`` for calls of ``steps`` steps; return a note."""
+    """Enable the step cache ``text`` on ``pipe.transformer`` (cache-dit's: on ``pipe``) for calls of
+    ``steps`` steps; return a note."""
     import bcg_pipelines as pipelines
+
+    if is_cache_dit(text):
+        import cache_dit
+
+        settings = cache_dit_settings(text)
+        note = _fit_cache_dit_blocks(settings["cache_config"], pipe.transformer) if parse_cache(text)[0] != CACHE_DIT_FILE else ""
+        cache_dit.enable_cache(pipe, **settings)
+        return f"cache-dit {type(settings['cache_config']).__name__} on the pipeline (--cache {text}){note}"
 
     config = cache_config(text, pipe, family, steps, pipelines.get_family(family).cfg_mode)
     enable_cache(pipe.transformer, config)
@@ -224,9 +299,31 @@ def apply_cache(pipe: Any, text: str, family: str, steps: int) -> str:
 
 @contextlib.contextmanager
 def cache_passes(transformer: Any, enabled: bool) -> Iterator[CachePasses | None]:
-    """``count_cache_passes(transformer)`` when ``enabled``, else ``None``."""
+    """``count_cache_passes(transformer)`` when ``enabled``, else ``None``. Under cache-dit: the
+    transformer calls made (``calls``) and those cache-dit computed (``computed``) in the block,
+    read from ``cache_dit.summary``."""
     if not enabled:
         yield None
         return
+    if getattr(transformer, "_is_cached", False) and hasattr(transformer, "_context_manager"):
+        passes = CachePasses()
+        yield passes
+        calls, cached = cache_dit_steps(transformer)
+        passes.calls, passes.computed = calls, calls - cached
+        return
     with count_cache_passes(transformer) as passes:
         yield passes
+
+
+def cache_dit_steps(transformer: Any) -> tuple[int, int]:
+    """(transformer calls, of which cache-dit reused cached residuals) of the last pipeline call, as
+    its summary counts them (CFG branches apart; the block list that caches most where there are several)."""
+    import cache_dit
+
+    calls = cached = 0
+    for stats in cache_dit.summary(transformer, details=False, logging=False):
+        executed = getattr(stats, "accumulated_transformer_executed_steps", 0) or 0
+        reused = len(stats.cached_steps or []) + len(stats.cfg_cached_steps or [])
+        reused += len(stats.pruned_steps or []) + len(stats.cfg_pruned_steps or [])
+        calls, cached = max(calls, executed), max(cached, reused)
+    return calls, cached
