@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from .core import _cudart
+from .core import cuda_runtime
 from .integration import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
 from .errors import AccelerationError
@@ -79,7 +79,7 @@ def _load_capture_runtime() -> None:
     """Import cuda-bindings now: its one-time import cost is paid at set-up, not by the first
     capture, and a missing package is named here."""
     try:
-        _cudart.cudart()
+        cuda_runtime()
     except RuntimeError as exc:
         raise AccelerationError(str(exc)) from None
 

@@ -1,7 +1,7 @@
 """``use_compile_cache``: torch.compile artifacts that survive a restart.
 
-With regional compile + BCG, a restarted process compiles every block again (3-9 s per case on an
-H200, minutes with fp8). torch has two mechanisms to avoid it, and this module points both at one
+With regional compile + BCG, a restarted process compiles every block again (seconds per case, minutes
+with fp8). torch has two mechanisms to avoid it, and this module points both at one
 folder the user names:
 
 - Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels, autotuning) live under

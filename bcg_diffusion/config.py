@@ -55,7 +55,7 @@ class BCGConfig:
             CUDA graphs of Inductor) under BCG: the runner is outermost and captures the compiled
             code; with ``attention="capture_safe"`` a step is then one compiled, captured graph.
             Costs a whole-module compile per input shape (about 30 s for PixArt-Sigma at 512 px on
-            an H200). Not with hooks on submodules (step caches): compile the blocks instead.
+            a datacenter GPU). Not with hooks on submodules (step caches): compile the blocks instead.
         attention: ``"capture_safe"`` captures attention calls whose kernel is known capture-safe
             (torch SDPA called directly, diffusers' native SDPA backends) and breaks at every other
             (any other backend, context parallelism); ``"break"`` breaks at every attention call.

@@ -58,9 +58,8 @@ KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
 }
 
 
-# Measured on 2026-12-01 (H200, torch 2.11, diffusers 0.42.1, bf16, tiny configs of pipelines.zoo,
-# scripts/zoo_probe.py): 77 cases of every diffusion transformer class of diffusers, all bitwise equal
-# to eager, 75 captured (docs/accelerate.md "Verified transformer classes").
+# What tests/library/test_zoo_gpu.py checks on tiny configs of every diffusion transformer class of
+# diffusers 0.42.1 (bcg_pipelines.zoo; docs/accelerate.md "Verified transformer classes").
 ZOO_VERIFIED = "77 call paths of every diffusion transformer class of diffusers 0.42.1 (75 captured, all bitwise equal to eager)"
 _logged: set[str] = set()
 

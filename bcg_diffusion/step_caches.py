@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .accelerate import _runners
+from .accelerate import get_stats, is_accelerated
 from .integration.model_hooks import ForwardHook, insert_innermost, remove_exactly
 from .integration.model_state import STEP_CACHE_HOOKS, diffusers_hook_names
 
@@ -52,15 +52,14 @@ def count_cache_passes(transformer: torch.nn.Module) -> Iterator[CachePasses]:
     both ends of each cached module's hook chain for the duration of the block.
     """
     counts = CachePasses()
-    runners = _runners(transformer)
-    if runners:
-        before = [r.cache_passes() for r in runners]
+    if is_accelerated(transformer):
+        before = get_stats(transformer)
         try:
             yield counts
         finally:
-            after = [r.cache_passes() for r in runners]
-            counts.calls = sum(a[0] - b[0] for a, b in zip(after, before))
-            counts.computed = sum(a[1] - b[1] for a, b in zip(after, before))
+            after = get_stats(transformer)
+            counts.calls = after.hooked_module_calls - before.hooked_module_calls
+            counts.computed = after.hooked_module_computed - before.hooked_module_computed
         return
     undo: list[Callable[[], None]] = []
     try:

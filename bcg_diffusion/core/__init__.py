@@ -5,6 +5,7 @@ The diffusers integration in :mod:`bcg_diffusion` sits on top of it. See docs/ca
 """
 
 from ._cudart import CaptureStatus, CudaRuntimeError, check_cuda, stream_capture_status
+from ._cudart import cudart as cuda_runtime
 from .boxing import _BCGBoxedTupleOutput, box_tuple, unbox_tuple
 from .capture import (
     BreakableCUDAGraphCapture,
@@ -34,6 +35,7 @@ __all__ = [
     "box_tuple",
     "break_graph",
     "check_cuda",
+    "cuda_runtime",
     "clear_blas_workspaces",
     "copy_into",
     "eager_on_graph",
