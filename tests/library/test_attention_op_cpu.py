@@ -7,7 +7,7 @@ import torch
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks, attention_op
 
-pipelines = pytest.importorskip("pipelines")
+import pipelines
 
 
 def _qkv(b=2, h=2, s=5, d=8, seed=0):
@@ -40,16 +40,6 @@ def test_dispatch_op_fake_matches_the_real_layout():
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
         fake = torch.ops.bcg.dispatch_attention(fq, fk, fv, None, 0.0, False, None, False, "_native_math")
     assert fake.shape == real.shape and fake.stride() == real.stride() and fake.dtype == real.dtype
-
-
-@pytest.fixture
-def pretend_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("BCG_DIFFUSION", raising=False)
-    yield
-    for key in list(attention_breaks._patches):
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
 
 
 def test_compiled_blocks_keep_attention_in_one_graph(pretend_cuda, monkeypatch):

@@ -17,17 +17,8 @@ from bcg_diffusion import accelerate as acc
 from bcg_diffusion.integration import attention_breaks, keys, model_hooks
 from bcg_diffusion.integration.runner import GraphRunner
 
-pipelines = pytest.importorskip("pipelines")
+import pipelines
 
-
-@pytest.fixture
-def pretend_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("BCG_DIFFUSION", raising=False)
-    yield
-    for key in list(attention_breaks._patches):  # a failed test must not leave patches behind
-        attention_breaks._patches[key].refcount = 1
-        attention_breaks._release(key)
 
 
 def _transformer(seed=0):

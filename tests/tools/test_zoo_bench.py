@@ -7,9 +7,7 @@ small configs (acceleration is a no-op without CUDA). The GPU counterpart is ``t
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,17 +15,14 @@ import torch
 
 from pipelines.zoo import full
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
+from _scripts import load_file, load_script
+
+CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("_bcg_script_zoo_bench", SCRIPTS / "zoo_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("zoo_bench")
 
 
 # -- the cases -------------------------------------------------------------------------------------------
@@ -117,11 +112,7 @@ def test_shape_overrides_change_the_derived_shapes():
 
 # -- scripts/zoo_bench.py --------------------------------------------------------------------------------
 def _docs_result_name():
-    path = Path(__file__).with_name("test_bench_docs.py")
-    spec = importlib.util.spec_from_file_location("_bcg_test_bench_docs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.RESULT_NAME
+    return load_file(Path(__file__).with_name("test_bench_docs.py"), "_bcg_test_bench_docs").RESULT_NAME
 
 
 @CPU_ONLY

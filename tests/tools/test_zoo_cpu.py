@@ -6,34 +6,18 @@ Every zoo case builds and runs one forward in fp32 with a finite, repeatable out
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from bcg_diffusion import KNOWN_TRANSFORMERS
-from bcg_diffusion.core.tree import walk
 from pipelines import zoo
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from _scripts import load_script
+from _tensors import tensor_leaves as _tensors
+
 CASES = zoo.zoo_cases()
-
-
-def _tensors(value, path: str = "x") -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) of every tensor in ``value``: containers and dataclasses, and plain objects' attributes
-    (inputs hold cache objects)."""
-    if isinstance(value, torch.Tensor):
-        return [(path, value)]
-    found: list[tuple[str, torch.Tensor]] = []
-    for p, desc, leaf in walk(value, path):
-        if desc is None and isinstance(leaf, torch.Tensor):
-            found.append((p, leaf))
-        elif desc is None and hasattr(leaf, "__dict__") and not isinstance(leaf, (type, torch.nn.Module)):
-            found += [t for name, attr in vars(leaf).items() for t in _tensors(attr, f"{p}.{name}")]
-    return found
 
 
 @pytest.fixture
@@ -130,14 +114,10 @@ def test_unknown_class_names_the_case():
 # -- scripts/zoo_probe.py ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("_bcg_script_zoo_probe", SCRIPTS / "zoo_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("zoo_probe")
 
 
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
+CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 
 
 @CPU_ONLY
