@@ -5,30 +5,26 @@ passes against the pair. Both servers are subprocesses on the one GPU, stopped a
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import httpx
 import pytest
+
+from _replay import assert_served
+from _scripts import load_script, scripts_on_path
 
 pytestmark = pytest.mark.gpu
 
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
-
+scripts_on_path()
 from serving.images import pixel_hash  # noqa: E402
 from serving.spawn import spawned_servers  # noqa: E402
 
 START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
 WARMED = ("64x64", "80x64")
+STEPS = 3  # the servers' --steps; Flux (guidance-distilled) and PixArt (batched CFG) make one call per step
 INJECT = "--inject oom:__oom__ --inject error:__fail__"
 FAMILY_ARGS = {
-    "flux": f"--model flux --device cuda --steps 3 --max-n 2 --warmup {','.join(WARMED)}",
-    "pixart": f"--model pixart --device cuda --steps 3 --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
+    "flux": f"--model flux --device cuda --steps {STEPS} --max-n 2 --warmup {','.join(WARMED)}",
+    "pixart": f"--model pixart --device cuda --steps {STEPS} --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
 }
 REQUESTS = [
     {"prompt": "a red fox in the snow", "size": "64x64", "seed": 0},
@@ -69,7 +65,11 @@ def test_bcg_server_is_active_and_warmed(servers):
     s = stats(bcg)
     assert s["server"]["bcg"] is True and s["bcg"] is not None
     assert s["server"]["warmup"]["sizes"] == list(WARMED)
-    assert s["bcg"]["captures"] >= len(WARMED), s["bcg"]
+    warmed = s["bcg"]
+    # one graph key per warmed size, captured and kept: no failed capture, no eager call, no fallback
+    assert warmed["captures"] == len(WARMED) and warmed["failed_captures"] == 0, warmed
+    assert warmed["eager_calls"] == 0 and warmed["hits"] > 0, warmed
+    assert len(warmed["entries"]) == len(WARMED) and all(e["fallback"] is None for e in warmed["entries"]), warmed
     assert s["gpu_memory"]["allocated_bytes"] > 0
     assert stats(eager)["bcg"] is None and stats(eager)["server"]["bcg"] is False
 
@@ -80,16 +80,17 @@ def test_bcg_images_equal_eager_images_bitwise(servers):
         expected = pixels(post(eager, body))
         assert len(expected) == body.get("n", 1)
         assert pixels(post(bcg, body)) == expected, body
-    assert stats(bcg)["bcg"]["hits"] > 0
+    after = stats(bcg)["bcg"]
+    assert after["hits"] > 0 and after["eager_calls"] == 0 and after["failed_captures"] == 0, after
+    assert all(e["fallback"] is None for e in after["entries"]), after
 
 
 def test_a_warmed_size_replays_without_a_capture(servers):
     _, _, bcg = servers
     before = stats(bcg)["bcg"]
     pixels(post(bcg, {"prompt": "a quiet harbor", "size": WARMED[1], "seed": 11}))
-    after = stats(bcg)["bcg"]
-    assert after["captures"] == before["captures"], "the warm-up did not capture what a request at its size needs"
-    assert after["hits"] > before["hits"]
+    # every call of the request replayed a graph the warm-up captured (no capture, no first call)
+    assert_served(stats(bcg)["bcg"], before, STEPS)
 
 
 BAD = [
@@ -129,14 +130,10 @@ def test_failures_inside_the_pipeline_then_the_same_image(servers):
 
 
 def test_load_compare_eager_and_bcg(servers, tmp_path, capsys):
-    import importlib.util
     import json
 
     _, eager, bcg = servers
-    spec = importlib.util.spec_from_file_location("_bcg_script_load", SCRIPTS / "load.py")
-    load = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = load
-    spec.loader.exec_module(load)
+    load = load_script("load")
     out = tmp_path / "load.json"
     code = load.main(["--compare", eager, bcg, "--requests", "16", "--concurrency", "4",
                       "--sizes", "64x64,80x64,64x80,64x96", "--seeds", "2", "--out", str(out)])
