@@ -7,7 +7,7 @@ import torch
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks, attention_op
 
-import pipelines
+from _pipes import flux_inputs, tiny_flux_transformer
 
 
 def _qkv(b=2, h=2, s=5, d=8, seed=0):
@@ -43,16 +43,7 @@ def test_dispatch_op_fake_matches_the_real_layout():
 
 
 def test_compiled_blocks_keep_attention_in_one_graph(pretend_cuda, monkeypatch):
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    model = FluxTransformer2DModel(**dict(pipelines.get_family("flux").tiny.transformer)).eval()
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(1, 16, 64, generator=g), encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.tensor([0.5]), img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3), guidance=torch.tensor([3.5]), return_dict=False,
-    )
+    model, inputs = tiny_flux_transformer(), flux_inputs()
     with torch.no_grad():
         eager = model(**inputs)[0]
     bcg.accelerate_transformer(model)

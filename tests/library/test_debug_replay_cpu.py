@@ -9,41 +9,21 @@ honours: every capture falling back, and static inputs not refreshed before a re
 
 import pytest
 import torch
-from diffusers import FluxTransformer2DModel
 
 import bcg_diffusion as bcg
 import pipelines
 from bcg_diffusion.integration.sabotage import ENV_SABOTAGE
 
-from _pipes import build, run, transformer_calls
+from _pipes import build, flux_inputs, run, tiny_flux_transformer, transformer_calls
 from _replay import assert_replayed, counters
 
 DEBUG = bcg.BCGConfig(debug=True)
 STEPS = 3  # _pipes.run's default
 
 
-def _tiny_flux(seed=0):
-    torch.manual_seed(seed)
-    return FluxTransformer2DModel(**dict(pipelines.get_family("flux").tiny.transformer)).eval()
-
-
-def _flux_inputs(seed):
-    g = torch.Generator().manual_seed(seed)
-    return dict(
-        hidden_states=torch.randn(1, 16, 64, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.rand(1, generator=g),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3),
-        guidance=torch.tensor([3.5]),
-        return_dict=False,
-    )
-
-
 def _calls(model, seeds):
     with torch.no_grad():
-        return [model(**_flux_inputs(s))[0].clone() for s in seeds]
+        return [model(**flux_inputs(s, timestep=None))[0].clone() for s in seeds]
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +49,7 @@ def test_every_call_of_a_generation_after_the_first_replays(family):
 
 
 def test_a_bare_transformer_warms_up_once_then_replays_on_new_inputs():
-    model, twin = _tiny_flux(), _tiny_flux()
+    model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     outs, expected = _calls(model, range(4)), _calls(twin, range(4))
     stats = bcg.get_stats(model)
@@ -95,7 +75,7 @@ def test_a_forward_replaced_on_the_instance_runs_in_module_mode():
 
         model.forward = forward
 
-    model, twin = _tiny_flux(), _tiny_flux()
+    model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     patch(model)
     patch(twin)
@@ -109,7 +89,7 @@ def test_a_forward_replaced_on_the_instance_runs_in_module_mode():
 
 def test_the_replay_check_fails_when_every_capture_falls_back(monkeypatch):
     monkeypatch.setenv(ENV_SABOTAGE, "fallback")  # read at acceleration
-    model, twin = _tiny_flux(), _tiny_flux()
+    model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     outs, expected = _calls(model, range(3)), _calls(twin, range(3))
     assert all(torch.equal(a, b) for a, b in zip(outs, expected))  # right outputs: comparing alone cannot tell
@@ -122,7 +102,7 @@ def test_the_replay_check_fails_when_every_capture_falls_back(monkeypatch):
 
 def test_stale_static_inputs_give_other_outputs_when_inputs_change(monkeypatch):
     monkeypatch.setenv(ENV_SABOTAGE, "stale_inputs")
-    model, twin = _tiny_flux(), _tiny_flux()
+    model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     seeds = [0, 1, 1, 2]  # first call, capture, a replay of the same inputs, a replay of new ones
     outs, expected = _calls(model, seeds), _calls(twin, seeds)

@@ -45,8 +45,9 @@ def test_after_warmup_the_first_call_replays_and_outputs_are_unchanged(family):
 def test_capture_phases_are_reported():
     family = "flux"
     pipe = build(family)
+    eager = run(pipe, family)
     bcg.accelerate_pipeline(pipe)
-    run(pipe, family)
+    assert torch.equal(run(pipe, family), eager)
     assert_replayed(pipe, transformer_calls(family, 3))
     stats = bcg.get_stats(pipe)
     (entry,) = stats.entries
@@ -63,13 +64,16 @@ def test_capture_phases_are_reported():
 def test_a_call_in_another_grad_mode_than_the_warm_up_warns_once():
     family = "pixart"
     pipe = build(family)
+    with torch.inference_mode():
+        eager = run(pipe, family)
     bcg.accelerate_pipeline(pipe)
     bcg.warmup(pipe, [_shape(family)], **_warm_settings(family))  # outside inference_mode
     with pytest.warns(bcg.BCGCaptureWarning, match="only difference from a captured one is the grad mode") as caught:
         with torch.inference_mode():
-            run(pipe, family)
+            first = run(pipe, family)
             before = counters(pipe)
-            run(pipe, family)
+            second = run(pipe, family)
+    assert torch.equal(first, eager) and torch.equal(second, eager)
     grad_mode = [w for w in caught if "grad mode" in str(w.message)]
     assert len(grad_mode) == 1 and "inference_mode=True" in str(grad_mode[0].message)
     assert_replayed(pipe, transformer_calls(family, 3), before)  # the inference-mode key, captured once, replays

@@ -105,9 +105,10 @@ BAD = [
 
 
 def test_bad_requests_capture_nothing_and_change_no_image(servers):
-    _, _, bcg = servers
+    _, eager, bcg = servers
     body = REQUESTS[2]
-    reference = pixels(post(bcg, body))
+    reference = pixels(post(eager, body))
+    assert pixels(post(bcg, body)) == reference
     before = stats(bcg)
     for bad in BAD:
         response = post(bcg, bad)
@@ -117,6 +118,7 @@ def test_bad_requests_capture_nothing_and_change_no_image(servers):
         assert after["bcg"][key] == before["bcg"][key], key
     assert after["counters"]["pipeline_calls"] == before["counters"]["pipeline_calls"]
     assert pixels(post(bcg, body)) == reference
+    assert_served(stats(bcg)["bcg"], after["bcg"], STEPS)  # the same image again, from its graph
 
 
 def test_failures_inside_the_pipeline_then_the_same_image(servers):
@@ -125,7 +127,9 @@ def test_failures_inside_the_pipeline_then_the_same_image(servers):
     reference = pixels(post(eager, body))
     assert post(bcg, {**body, "prompt": "__oom__"}).status_code == 503
     assert post(bcg, {**body, "prompt": "__fail__"}).status_code == 500
+    before = stats(bcg)["bcg"]
     assert pixels(post(bcg, body)) == reference
+    assert_served(stats(bcg)["bcg"], before, STEPS)  # a warmed size: replayed, the failures left no damage
     assert httpx.get(f"{bcg}/health", timeout=10, trust_env=False).json()["status"] == "ok"
 
 
@@ -140,6 +144,9 @@ def test_load_compare_eager_and_bcg(servers, tmp_path, capsys):
     assert code == 0, capsys.readouterr().out
     result = json.loads(out.read_text())
     assert result["cross_check"]["equal"] == 16
+    served = stats(bcg)["bcg"]  # the BCG server's images came from graphs, not from eager calls
+    assert served["eager_calls"] == 0 and served["failed_captures"] == 0, served
+    assert served["entries"] and all(e["fallback"] is None for e in served["entries"]), served
     for summary in result["servers"]:
         assert summary["gpu_memory"]["start"]["allocated_bytes"] > 0
         assert not summary["consistency"]["inconsistent_identities"]
