@@ -14,7 +14,7 @@ import pipelines
 from bcg_diffusion.integration import attention_breaks
 
 from _pipes import build, run, transformer_calls
-from _replay import assert_recaptured, assert_replayed, counters, since
+from _replay import assert_recaptured, assert_replayed, counters
 
 pytestmark = pytest.mark.gpu
 

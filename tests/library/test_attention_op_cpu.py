@@ -1,7 +1,6 @@
 """CPU tests of the attention custom ops: registration, schema, fake implementations, and compiled
 blocks that keep attention inside one graph (fullgraph=True)."""
 
-import pytest
 import torch
 
 import bcg_diffusion as bcg

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
