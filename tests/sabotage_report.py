@@ -140,9 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--together", type=int, default=4,
                    help="modes run at once (default: 4, all; 1 runs them one after another)")
     p.add_argument("--timeout", type=float, default=300.0, help="pytest-timeout seconds per test (default: 300)")
-    p.add_argument("--limit", type=float, default=540.0,
+    p.add_argument("--limit", type=float, default=480.0,
                    help="wall-clock seconds per mode; a session still running then is stopped and its finished "
-                        "tests reported (default: 540)")
+                        "tests reported (default: 480)")
     p.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "bcg-sabotage",
                    help="where the report (sabotage_<date>.{json,md}) and the sessions' logs go (default: %(default)s)")
     p.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments (default: the tests folder)")
