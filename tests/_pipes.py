@@ -57,3 +57,27 @@ def run(pipe, family, **kw):
 def with_cache(pipe, family, text, steps):
     enable_cache(pipe.transformer, cache_config(text, pipe, family, steps, cfg_mode(family)))
     return pipe
+
+
+def tiny_flux_transformer(seed=0, device="cpu"):
+    """The tiny Flux transformer of ``pipelines`` (random weights from ``seed``), in eval mode."""
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    return FluxTransformer2DModel(**dict(pipelines.get_family("flux").tiny.transformer)).to(device).eval()
+
+
+def flux_inputs(seed=1, timestep=0.5, device="cpu"):
+    """Keyword arguments of one call of :func:`tiny_flux_transformer` (16 image tokens, 8 text tokens),
+    drawn from ``seed``; ``timestep=None`` draws the timestep too."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = dict(
+        hidden_states=torch.randn(1, 16, 64, generator=g),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        pooled_projections=torch.randn(1, 32, generator=g),
+        timestep=torch.rand(1, generator=g) if timestep is None else torch.tensor([timestep]),
+        img_ids=torch.zeros(16, 3),
+        txt_ids=torch.zeros(8, 3),
+        guidance=torch.tensor([3.5]),
+    )
+    return {**{k: v.to(device) for k, v in inputs.items()}, "return_dict": False}

@@ -54,3 +54,42 @@ def assert_replayed(
     if any(e.module_mode for e in stats.entries):
         assert stats.child_hits > 0, f"module mode, but no unit call replayed: {detail}"
 
+
+
+def assert_recaptured(obj, calls: int, before: dict[str, int], *, captures: int, warmups: int = 1,
+                      structure_changes: int | None = None) -> None:
+    """The ``calls`` transformer calls made since ``before`` recaptured and then replayed: exactly
+    ``captures`` captures succeeded (in module mode: one per unit graph) and none failed, the first
+    call of each of the ``warmups`` new keys ran eagerly and every other call was served by graphs
+    (none eager), every kept key replays; with ``structure_changes``, the graphs were dropped that
+    many times (a processor, hook or forward changed)."""
+    stats = bcg.get_stats(obj)
+    assert stats is not None, "not accelerated: get_stats returned None"
+    moved = since(obj, before)
+    detail = f"{moved}\n{stats}"
+    assert moved["hits"] + moved["warmup_calls"] + moved["eager_calls"] == calls, (
+        f"the runner saw {moved['hits'] + moved['warmup_calls'] + moved['eager_calls']} calls, expected {calls}: {detail}"
+    )
+    assert moved["failed_captures"] == 0, f"a capture failed and fell back to eager: {detail}"
+    assert moved["captures"] == captures, f"{moved['captures']} captures, expected {captures}: {detail}"
+    assert moved["eager_calls"] == 0, f"calls ran eagerly: {detail}"
+    assert moved["warmup_calls"] == warmups, f"{moved['warmup_calls']} first calls, expected {warmups}: {detail}"
+    assert moved["hits"] == calls - warmups, f"{moved['hits']} of {calls - warmups} later calls replayed: {detail}"
+    if structure_changes is not None:
+        assert moved["structure_changes"] == structure_changes, f"structure changes: {detail}"
+    assert stats.entries and all(e.fallback is None for e in stats.entries), f"a key falls back to eager: {detail}"
+    assert moved["child_eager_calls"] == 0, f"module mode: unit calls ran eagerly: {detail}"
+    if any(e.module_mode for e in stats.entries):
+        assert moved["child_hits"] > 0, f"module mode, but no unit call replayed: {detail}"
+
+
+def assert_served(stats: dict, before: dict, calls: int) -> None:
+    """The same as :func:`assert_replayed` for two ``get_stats`` snapshots as dictionaries
+    (``dataclasses.asdict``, what ``scripts/serve.py``'s ``GET /stats`` answers under ``"bcg"``):
+    the ``calls`` transformer calls between them were all replays."""
+    moved = {name: stats[name] - before[name] for name in _COUNTERS}
+    detail = f"{moved}\n{stats}"
+    assert moved["hits"] == calls, f"{moved['hits']} of {calls} calls replayed: {detail}"
+    for name in ("warmup_calls", "eager_calls", "failed_captures", "captures", "child_eager_calls"):
+        assert moved[name] == 0, f"{name} moved: {detail}"
+    assert stats["entries"] and all(e["fallback"] is None for e in stats["entries"]), f"a key falls back: {detail}"

@@ -1,12 +1,59 @@
-"""Shared test set-up: the ``gpu`` marker skips with a reason where no CUDA device is present."""
+"""Shared test set-up.
+
+- The ``gpu`` marker skips with a reason where no CUDA device is present (the only skip for missing
+  hardware besides tests that need two GPUs).
+- ``survives_sabotage(*modes, reason=...)`` marks a GPU test that is expected to pass under those
+  sabotage modes (``BCG_DIFFUSION_TEST_SABOTAGE``, see docs/testing.md), with why; the marker is copied
+  into the test's ``user_properties``, and ``--sabotage-results PATH`` writes every outcome with it
+  for ``tests/sabotage_report.py``.
+- Attention patches are released after every test, in one place (:func:`release_attention_patches`).
+- Fixtures: ``pretend_cuda`` (the library believes CUDA is there), ``hide_cuda`` (it sees none), ``fake_torchao``.
+"""
+
+import json
 
 import pytest
 import torch
 
 from bcg_diffusion.core.handles import live_handles
+SABOTAGE_PROPERTY = "survives_sabotage"
+_results_path = None  # --sabotage-results: where this process appends test outcomes (None: nowhere)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--sabotage-results", default=None, metavar="PATH",
+        help="append one JSON line per test phase (node id, phase, outcome, survives_sabotage) to PATH; "
+             "written by the main process, also under xdist (tests/sabotage_report.py reads it)",
+    )
+
+
+def pytest_configure(config):
+    global _results_path
+    if config.getoption("--sabotage-results") and not hasattr(config, "workerinput"):  # not in an xdist worker
+        _results_path = config.getoption("--sabotage-results")
+
+
+def pytest_runtest_logreport(report):
+    if _results_path is None:
+        return
+    survives = dict(report.user_properties).get(SABOTAGE_PROPERTY)
+    line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+            "duration": round(report.duration, 3), "survives": json.loads(survives) if survives else {},
+            "message": str(report.longrepr).splitlines()[-1][:300] if report.failed and report.longrepr else None}
+    with open(_results_path, "a") as f:  # one line per phase, flushed: a run stopped midway keeps what finished
+        f.write(json.dumps(line) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marks = list(item.iter_markers("survives_sabotage"))
+        if marks:
+            survives = {}
+            for mark in reversed(marks):  # the closest mark (the test's own) wins over the module's
+                for mode in mark.args:
+                    survives[mode] = mark.kwargs["reason"]
+            item.user_properties.append((SABOTAGE_PROPERTY, json.dumps(survives, sort_keys=True)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; run `pytest -m gpu` on a machine with a GPU")
@@ -15,39 +62,52 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_patches():
-    """A failed test must not leave process-wide patches behind for the next one (attention breaks
-    would change every later eager call): every handle still live after a test is removed."""
-    yield
+def release_attention_patches():
+    """Undo every attention patch still installed (a failed test must not leave patches behind for
+    the next one: they would change every later eager call)."""
     for handle in live_handles():
         handle.remove()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_attention_patches():
+    yield
+    release_attention_patches()
+
+
+@pytest.fixture
+def pretend_cuda(monkeypatch):
+    """The library believes a CUDA device is there (``torch.cuda.is_available()`` is True) and the
+    ``BCG_DIFFUSION`` switch is unset; attention patches are released after the test."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("BCG_DIFFUSION", raising=False)
+    yield
+    release_attention_patches()
+
+
+@pytest.fixture
+def hide_cuda(monkeypatch):
+    """The code under test sees no CUDA device (``torch.cuda.is_available()`` is False; subprocesses
+    get ``CUDA_VISIBLE_DEVICES=""``): tests of the no-CUDA paths run on a GPU machine too, instead of
+    skipping there."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 @pytest.fixture
 def fake_torchao(monkeypatch):
     """torchao's four configs (keeping their keyword arguments) and a ``quantize_`` that records
     ``(module, config class name, config.set_inductor_config)`` instead of quantizing; yields that list.
-    Patches the installed torchao where there is one (libraries look it up by its spec), else stands in
-    for the package."""
-    import sys
-    import types
+    Patches the installed torchao (a test dependency; libraries look it up by its spec)."""
+    import torchao.quantization as quantization
 
     def init(config, **kwargs):
         config.__dict__.update(kwargs)
 
     calls = []
-    try:
-        import torchao.quantization as quantization
-    except ImportError:
-        quantization = types.ModuleType("torchao.quantization")
-        package = types.ModuleType("torchao")
-        package.quantization = quantization
-        monkeypatch.setitem(sys.modules, "torchao", package)
-        monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
     for name in ("Float8DynamicActivationFloat8WeightConfig", "Float8WeightOnlyConfig", "Int8WeightOnlyConfig",
                  "Int8DynamicActivationInt8WeightConfig"):
-        monkeypatch.setattr(quantization, name, type(name, (), {"__init__": init}), raising=False)
+        monkeypatch.setattr(quantization, name, type(name, (), {"__init__": init}))
     monkeypatch.setattr(quantization, "quantize_", lambda module, config: calls.append(
-        (module, type(config).__name__, getattr(config, "set_inductor_config", True))), raising=False)
+        (module, type(config).__name__, getattr(config, "set_inductor_config", True))))
     yield calls

@@ -158,12 +158,6 @@ def test_env_switch_off_is_a_no_op(monkeypatch):
     assert not bcg.is_accelerated(pipe)
 
 
-@pytest.fixture
-def pretend_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("BCG_DIFFUSION", raising=False)
-
-
 def test_patching_and_exact_undo(pretend_cuda):
     pipe = FakePipe()
     x = torch.randn(3, 4)

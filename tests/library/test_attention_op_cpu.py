@@ -1,7 +1,6 @@
 """CPU tests of the attention custom ops: registration, schema, fake implementations, and compiled
 blocks that keep attention inside one graph (fullgraph=True)."""
 
-import pytest
 import torch
 
 from bcg_diffusion.core.handles import live_handles
@@ -9,7 +8,7 @@ from bcg_diffusion.core.handles import live_handles
 import bcg_diffusion as bcg
 from bcg_diffusion.integration import attention_breaks, attention_op
 
-pipelines = pytest.importorskip("bcg_pipelines")
+from _pipes import flux_inputs, tiny_flux_transformer
 
 
 def _qkv(b=2, h=2, s=5, d=8, seed=0):
@@ -44,26 +43,8 @@ def test_dispatch_op_fake_matches_the_real_layout():
     assert fake.shape == real.shape and fake.stride() == real.stride() and fake.dtype == real.dtype
 
 
-@pytest.fixture
-def pretend_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("BCG_DIFFUSION", raising=False)
-    yield
-    for handle in live_handles():  # a failed test must not leave patches behind
-        handle.remove()
-
-
 def test_compiled_blocks_keep_attention_in_one_graph(pretend_cuda, monkeypatch):
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    model = FluxTransformer2DModel(**dict(pipelines.get_family("flux").tiny.transformer)).eval()
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(1, 16, 64, generator=g), encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.tensor([0.5]), img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3), guidance=torch.tensor([3.5]), return_dict=False,
-    )
+    model, inputs = tiny_flux_transformer(), flux_inputs()
     with torch.no_grad():
         eager = model(**inputs)[0]
     bcg.accelerate_transformer(model)

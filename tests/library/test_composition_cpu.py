@@ -19,35 +19,11 @@ from bcg_diffusion import accelerate as acc
 from bcg_diffusion.integration import attention_breaks, keys, model_hooks
 from bcg_diffusion.integration.runner import GraphRunner
 
-pipelines = pytest.importorskip("bcg_pipelines")
+import bcg_pipelines as pipelines
 
+from _pipes import flux_inputs as _inputs
+from _pipes import tiny_flux_transformer as _transformer
 
-@pytest.fixture
-def pretend_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("BCG_DIFFUSION", raising=False)
-    yield
-    for handle in live_handles():  # a failed test must not leave patches behind
-        handle.remove()
-
-
-def _transformer(seed=0):
-    torch.manual_seed(seed)
-    return FluxTransformer2DModel(**dict(pipelines.get_family("flux").tiny.transformer)).eval()
-
-
-def _inputs(seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return dict(
-        hidden_states=torch.randn(1, 16, 64, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3),
-        guidance=torch.tensor([3.5]),
-        return_dict=False,
-    )
 
 
 class CountingHook(ModelHook):

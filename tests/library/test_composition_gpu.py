@@ -1,7 +1,9 @@
 """GPU tests: a replay is never silently wrong when users change host state after capture.
 
 Each test compares an accelerated pipeline with an un-accelerated twin built with the same seed
-and given the same change, bitwise.
+and given the same change, bitwise, and checks on the runner's counters that the change was
+recaptured and the calls after it replayed (tests/_replay.py): a comparison alone passes when
+every call ran eagerly.
 """
 
 import threading
@@ -11,10 +13,11 @@ import torch
 
 import bcg_diffusion as bcg
 
-pytest.importorskip("bcg_pipelines")
-from _pipes import build, run  # noqa: E402
+from _pipes import build, run, transformer_calls
+from _replay import assert_recaptured, assert_replayed, counters
 
 pytestmark = pytest.mark.gpu
+STEPS = 3  # _pipes.run's default
 
 
 def _halving_processor():
@@ -29,17 +32,27 @@ def _halving_processor():
 
 
 def test_set_attn_processor_after_capture_recaptures():
+    """A processor of the user's own class is Python the key cannot see: after the swap the call
+    runs in module mode (that Python eagerly, every unit graph replayed)."""
     family = "flux"
+    calls = transformer_calls(family, STEPS)
     twin, accelerated = build(family), build(family)
     # the test's processor is not diffusers' own: declared pure, it is captured (else it runs eagerly)
     bcg.accelerate_pipeline(accelerated, bcg.BCGConfig(pure_forwards=(f"{__name__}.",)))
     assert torch.equal(run(accelerated, family), run(twin, family))
+    assert_replayed(accelerated, calls)
     for pipe in (twin, accelerated):
         pipe.transformer.set_attn_processor(_halving_processor())
+    before = counters(accelerated)
     changed = run(accelerated, family)
     assert torch.equal(changed, run(twin, family))
     stats = bcg.get_stats(accelerated)
-    assert stats.structure_changes == 1 and stats.captures == 2, str(stats)
+    units = sum(e.child_graphs for e in stats.entries if e.module_mode)
+    assert units > 0, str(stats)
+    assert_recaptured(accelerated, calls, before, captures=units, structure_changes=1)
+    before = counters(accelerated)
+    assert torch.equal(run(accelerated, family), run(twin, family))
+    assert_replayed(accelerated, calls, before)
     bcg.remove_acceleration(accelerated)
 
 
@@ -48,23 +61,32 @@ def test_attention_backend_switches_recapture():
 
     previous = _AttentionBackendRegistry._active_backend
     family = "flux"
+    calls = transformer_calls(family, STEPS)
     twin, accelerated = build(family), build(family)
+
+    def recaptured_and_equal():
+        before = counters(accelerated)
+        assert torch.equal(run(accelerated, family), run(twin, family))
+        assert_recaptured(accelerated, calls, before, captures=1)
+
     try:
         for pipe in (twin, accelerated):
             pipe.transformer.set_attention_backend("_native_math")
         bcg.accelerate_pipeline(accelerated)
-        assert torch.equal(run(accelerated, family), run(twin, family))
+        recaptured_and_equal()
         for pipe in (twin, accelerated):
             pipe.transformer.set_attention_backend("_native_efficient")
-        assert torch.equal(run(accelerated, family), run(twin, family))
+        recaptured_and_equal()
         for pipe in (twin, accelerated):
             pipe.transformer.reset_attention_backend()  # processors name no backend: the global one decides
         with attention_backend("_native_math"):
-            assert torch.equal(run(accelerated, family), run(twin, family))
+            recaptured_and_equal()
         with attention_backend("_native_efficient"):
+            recaptured_and_equal()
+        with attention_backend("_native_math"):  # a key captured before: replayed
+            before = counters(accelerated)
             assert torch.equal(run(accelerated, family), run(twin, family))
-        stats = bcg.get_stats(accelerated)
-        assert stats.captures >= 4, str(stats)
+            assert_replayed(accelerated, calls, before)
     finally:
         _AttentionBackendRegistry.set_active_backend(previous)
         bcg.remove_acceleration(accelerated)
@@ -83,6 +105,7 @@ def test_hooks_added_after_capture_run_on_every_call():
             return tuple(o * 1.01 for o in output) if isinstance(output, tuple) else output * 1.01
 
     family = "flux"
+    calls = transformer_calls(family, STEPS)
     twin, accelerated = build(family), build(family)
     bcg.accelerate_pipeline(accelerated)
     run(accelerated, family)
@@ -94,10 +117,17 @@ def test_hooks_added_after_capture_run_on_every_call():
         seen = []
         pipe.transformer.single_transformer_blocks[0].register_forward_hook(lambda m, a, o, seen=seen: seen.append(1))
         counts[name] = (hook, seen)
+    before = counters(accelerated)
     out = run(accelerated, family)
     assert torch.equal(out, run(twin, family))
-    assert counts["accelerated"][0].calls == counts["twin"][0].calls > 0
-    assert len(counts["accelerated"][1]) == len(counts["twin"][1]) > 0
+    assert_recaptured(accelerated, calls, before, captures=1, structure_changes=1)  # hooked blocks: breaks
+    assert counts["accelerated"][0].calls == counts["twin"][0].calls == calls
+    assert len(counts["accelerated"][1]) == len(counts["twin"][1]) == calls
+    before = counters(accelerated)
+    assert torch.equal(run(accelerated, family), run(twin, family))
+    assert_replayed(accelerated, calls, before)
+    assert counts["accelerated"][0].calls == counts["twin"][0].calls == 2 * calls  # the hooks ran at every replay
+    assert len(counts["accelerated"][1]) == len(counts["twin"][1]) == 2 * calls
     bcg.remove_acceleration(accelerated)
 
 
@@ -107,32 +137,40 @@ def test_weights_changed_between_calls_of_a_from_pipe_pipeline_recapture():
     from diffusers import FluxPipeline
 
     family = "flux"
+    calls = transformer_calls(family, STEPS)
     twin, accelerated = build(family), build(family)
     bcg.accelerate_pipeline(accelerated)
     other = FluxPipeline.from_pipe(accelerated, scheduler=copy.deepcopy(accelerated.scheduler))
     assert torch.equal(run(other, family), run(twin, family))
+    assert_replayed(other, calls)  # the shared transformer's runner served the from_pipe pipeline
     for pipe in (twin, accelerated):
         with torch.no_grad():
             next(pipe.transformer.parameters()).mul_(1.5)
+    before = counters(other)
     assert torch.equal(run(other, family), run(twin, family))
-    assert bcg.get_stats(other).captures >= 2
+    assert_recaptured(other, calls, before, captures=1)  # the new weights are a new key
     bcg.remove_acceleration(other)
     assert not bcg.is_accelerated(accelerated)
 
 
 def test_math_mode_switch_recaptures():
     family = "flux"
+    calls = transformer_calls(family, STEPS)
     twin, accelerated = build(family), build(family)
     bcg.accelerate_pipeline(accelerated)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
+        for allow in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allow
+            before = counters(accelerated)
+            assert torch.equal(run(accelerated, family), run(twin, family)), f"allow_tf32={allow}"
+            assert_recaptured(accelerated, calls, before, captures=1)  # the math mode is part of the key
         torch.backends.cuda.matmul.allow_tf32 = False
+        before = counters(accelerated)
         assert torch.equal(run(accelerated, family), run(twin, family))
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert torch.equal(run(accelerated, family), run(twin, family))
+        assert_replayed(accelerated, calls, before)  # back to the first mode: its graph replays
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    assert bcg.get_stats(accelerated).captures == 2
     bcg.remove_acceleration(accelerated)
 
 
@@ -176,8 +214,9 @@ def test_two_pipelines_in_two_threads_with_eager_work_beside_them():
     assert not errors, errors
     for family in families:
         assert len(results[family]) == 3 and all(torch.equal(r, eager[family]) for r in results[family]), family
+        assert_replayed(pipes[family], 3 * transformer_calls(family, STEPS))
         stats = bcg.get_stats(pipes[family])
-        assert all(e.fallback is None and not e.eager_modules for e in stats.entries), str(stats)
+        assert not any(e.eager_modules for e in stats.entries), str(stats)
         bcg.remove_acceleration(pipes[family])
 
 
@@ -207,4 +246,5 @@ def test_one_transformer_shared_by_two_threads_is_serialised():
         t.join()
     assert not errors, errors
     assert len(results) == 6 and all(torch.equal(r, eager) for r in results)
+    assert_replayed(pipe, 6 * transformer_calls(family, STEPS))  # every call of both threads through one runner
     bcg.remove_acceleration(pipe)

@@ -11,6 +11,9 @@ import bcg_diffusion.core as bcg
 from bcg_diffusion.core import _cudart, side_streams
 from bcg_diffusion.core.boxing import box_tuple, unbox_tuple
 
+from _hooked import hooked_input, hooked_setup
+from _tensors import tensors
+
 
 def test_eager_on_graph_is_a_plain_call_outside_capture():
     calls = []
@@ -52,44 +55,30 @@ class Holder:
 
 
 @pytest.mark.parametrize(
-    "make",
+    "make, n_tensors",
     [
-        lambda v: v,
-        lambda v: (v, v * 2),
-        lambda v: [v, (v + 1, v + 2)],
-        lambda v: {"x": v, "y": [v * 3]},
-        lambda v: Pair(v, v - 1),
-        lambda v: Holder(v * 5, 7),
-        lambda v: {"nested": Pair(v, v), "obj": Holder(v, None), "tuple": (v, 1, "s")},
-        lambda v: box_tuple((v, None, v * 2)),
+        (lambda v: v, 1),
+        (lambda v: (v, v * 2), 2),
+        (lambda v: [v, (v + 1, v + 2)], 3),
+        (lambda v: {"x": v, "y": [v * 3]}, 2),
+        (lambda v: Pair(v, v - 1), 2),
+        (lambda v: Holder(v * 5, 7), 1),
+        (lambda v: {"nested": Pair(v, v), "obj": Holder(v, None), "tuple": (v, 1, "s")}, 4),
+        (lambda v: box_tuple((v, None, v * 2)), 2),
     ],
     ids=["tensor", "tuple", "list", "dict", "dataclass", "object", "nested", "boxed"],
 )
-def test_copy_into_writes_every_structure_in_place(make):
+def test_copy_into_writes_every_structure_in_place(make, n_tensors):
     dst = make(torch.zeros(4))
-    dst_tensors = _tensors(dst)
+    dst_tensors = tensors(dst)
+    assert len(dst_tensors) == n_tensors  # the walker finds every tensor (it is the library's own)
     ids_before = [id(t) for t in dst_tensors]
     src = make(torch.arange(4.0))
     bcg.copy_into(dst, src)
-    assert [id(t) for t in _tensors(dst)] == ids_before
-    for d, s in zip(_tensors(dst), _tensors(src)):
+    assert [id(t) for t in tensors(dst)] == ids_before
+    for d, s in zip(tensors(dst), tensors(src)):
         assert torch.equal(d, s)
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, bcg._BCGBoxedTupleOutput):
-        obj = obj.items()
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    if dataclasses.is_dataclass(obj):
-        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name))]
-    if hasattr(obj, "__dict__"):
-        return [t for o in vars(obj).values() for t in _tensors(o)]
-    return []
+    assert all(bool((d != 0).any()) for d in tensors(dst))  # every one written: arange(4) * k has non-zeros
 
 
 @pytest.mark.parametrize(
@@ -273,41 +262,16 @@ def test_capture_state_is_per_thread():
     assert seen == [False]
 
 
-def _hooked_setup(device):
-    from bcg_diffusion.core.hooked_calls import CapturedBody, hooked_call
-
-    torch.manual_seed(0)
-    w = torch.randn(8, 8, device=device)
-    state = {"n": 0, "kept": None}
-
-    def body_fn(x):
-        return torch.tanh(x @ w) + 1
-
-    body = CapturedBody(body_fn, "body")
-
-    def chain(x):  # a step cache: computes on odd calls, reuses (scaled) on even ones
-        state["n"] += 1
-        if state["n"] % 2 == 1:
-            state["kept"] = body(x)
-            return state["kept"]
-        return state["kept"] * 2
-
-    def f(x):
-        return hooked_call(chain, body, (x * 3,), {}, fresh_outputs=True) - 1
-
-    return f, body, body_fn, state
-
-
 def test_hooked_call_in_debug_mode_runs_hooks_once_per_call_and_not_at_capture():
-    f, body, body_fn, state = _hooked_setup("cpu")
-    x = torch.randn(4, 8)
+    f, body, body_fn, state = hooked_setup("cpu")
+    x = hooked_input("cpu")
     graph = bcg.BreakableCUDAGraph()
     with bcg.BreakableCUDAGraphCapture(graph, debug=True):
         f(x)
     assert state["n"] == 0 and graph.num_breaks == 1  # the capture pass ran the body only
     kept = None
     for n in range(1, 5):
-        x = torch.randn(4, 8)
+        x = hooked_input("cpu")
         with bcg.BreakableCUDAGraphCapture(graph, debug=True):
             out = f(x)
         if n % 2 == 1:

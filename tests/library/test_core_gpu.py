@@ -9,7 +9,16 @@ import torch
 import bcg_diffusion.core as bcg
 from bcg_diffusion.core import _cudart, side_streams
 
-pytestmark = pytest.mark.gpu
+from _hooked import hooked_input, hooked_setup
+
+# The sabotage switch (BCG_DIFFUSION_TEST_SABOTAGE, docs/testing.md) acts in the graph runner; these
+# tests drive the capture core directly, so no mode reaches them.
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.survives_sabotage(
+        "fallback", "skip_segment", "stale_inputs",
+        reason="drives bcg_diffusion.core directly; the switch acts in the graph runner (integration)"),
+]
 
 DEV = "cuda"
 
@@ -308,8 +317,7 @@ def test_break_arguments_do_not_pin_pool_memory():
     x.normal_()
     graph.replay()
     torch.cuda.synchronize()
-    expected = sum(reduce_break(x * (i + 1)) for i in range(n_breaks))
-    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-3)
+    assert torch.equal(out, body(x))  # the same kernels eagerly: bitwise
     del graph, out
 
 
@@ -392,33 +400,13 @@ def test_replay_survives_cleared_cublas_workspaces():
 
 
 def test_hooked_call_replays_the_body_only_when_the_hooks_compute_it():
-    from bcg_diffusion.core.hooked_calls import CapturedBody, hooked_call
-
-    torch.manual_seed(0)
-    w = torch.randn(64, 64, device=DEV)
-    state = {"n": 0, "kept": None}
-
-    def body_fn(x):
-        return torch.tanh(x @ w) + 1
-
-    body = CapturedBody(body_fn, "body")
-
-    def chain(x):  # computes on odd calls and keeps the result; reuses it (scaled) on even calls
-        state["n"] += 1
-        if state["n"] % 2 == 1:
-            state["kept"] = body(x)
-            return state["kept"]
-        return state["kept"] * 2
-
-    def f(x):
-        return hooked_call(chain, body, (x * 3,), {}, fresh_outputs=True) - 1
-
-    x = torch.randn(32, 64, device=DEV)
+    f, body, body_fn, state = hooked_setup(DEV)
+    x = hooked_input(DEV)
     graph, out = _capture(f, x)
     assert state["n"] == 0 and graph.num_breaks == 1
     kept = None
     for n in range(1, 7):
-        x.normal_()
+        x.copy_(hooked_input(DEV))  # new values in the captured input buffer on every replay
         graph.replay()
         torch.cuda.synchronize()
         if n % 2 == 1:

@@ -6,7 +6,8 @@ import torch
 
 import bcg_diffusion as bcg
 import bcg_pipelines as pipelines
-from _pipes import build, call_kwargs, run
+from _pipes import build, call_kwargs, run, transformer_calls
+from _replay import assert_replayed, counters
 
 pytestmark = pytest.mark.gpu
 
@@ -31,13 +32,10 @@ def test_after_warmup_the_first_call_replays_and_outputs_are_unchanged(family):
     bcg.accelerate_pipeline(plain)
     report = bcg.warmup(warmed, [_shape(family)], **_warm_settings(family))
     assert report.captures >= 1, str(report)
-    before = bcg.get_stats(warmed)
+    before = counters(warmed)
     out = run(warmed, family)
-    after = bcg.get_stats(warmed)
     # every transformer call of the real run was served by a graph captured during warm-up
-    assert after.misses == before.misses and after.captures == before.captures, (str(before), str(after))
-    assert after.warmup_calls == before.warmup_calls and after.eager_calls == 0, str(after)
-    assert after.hits > before.hits
+    assert_replayed(warmed, transformer_calls(family, 3), before)
     assert torch.equal(out, expected)
     assert torch.equal(run(plain, family), expected)  # the same pipeline without warm-up agrees
     for pipe in (warmed, plain):
@@ -47,16 +45,18 @@ def test_after_warmup_the_first_call_replays_and_outputs_are_unchanged(family):
 def test_capture_phases_are_reported():
     family = "flux"
     pipe = build(family)
+    eager = run(pipe, family)
     bcg.accelerate_pipeline(pipe)
-    run(pipe, family)
+    assert torch.equal(run(pipe, family), eager)
+    assert_replayed(pipe, transformer_calls(family, 3))
     stats = bcg.get_stats(pipe)
-    entry = stats.entries[0]
+    (entry,) = stats.entries
     phases = dict(entry.capture_phases)
     for name in ("setup", "blas_workspace", "record", "instantiate", "accounting", "key", "static_inputs", "first_replay"):
         assert name in phases and phases[name] >= 0.0, phases
-    inside = phases["setup"] + phases["record"] + phases["instantiate"] + phases["accounting"]
-    assert inside == pytest.approx(entry.capture_time_s, rel=0.05, abs=2e-3), phases
-    assert phases["blas_workspace"] <= phases["setup"]
+    for name in ("record", "instantiate", "first_replay"):  # work that ran: measured, not left at zero
+        assert phases[name] > 0.0, phases
+    assert entry.capture_time_s > 0.0, entry
     assert stats.warmup_calls == 1 and "first calls" in str(stats)
     bcg.remove_acceleration(pipe)
 
@@ -64,12 +64,17 @@ def test_capture_phases_are_reported():
 def test_a_call_in_another_grad_mode_than_the_warm_up_warns_once():
     family = "pixart"
     pipe = build(family)
+    with torch.inference_mode():
+        eager = run(pipe, family)
     bcg.accelerate_pipeline(pipe)
     bcg.warmup(pipe, [_shape(family)], **_warm_settings(family))  # outside inference_mode
     with pytest.warns(bcg.BCGCaptureWarning, match="only difference from a captured one is the grad mode") as caught:
         with torch.inference_mode():
-            run(pipe, family)
-            run(pipe, family)
+            first = run(pipe, family)
+            before = counters(pipe)
+            second = run(pipe, family)
+    assert torch.equal(first, eager) and torch.equal(second, eager)
     grad_mode = [w for w in caught if "grad mode" in str(w.message)]
     assert len(grad_mode) == 1 and "inference_mode=True" in str(grad_mode[0].message)
+    assert_replayed(pipe, transformer_calls(family, 3), before)  # the inference-mode key, captured once, replays
     bcg.remove_acceleration(pipe)

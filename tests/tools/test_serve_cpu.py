@@ -11,14 +11,19 @@ import base64
 import importlib
 import io
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
+import openai
 import pytest
+import torch
+from PIL import Image
 
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
+import bcg_diffusion
+import bcg_pipelines as pipelines
 
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -33,7 +38,7 @@ from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  #
 from bcg_diffusion.serving.startup_warmup import ServerWarmupReport, run_warmup  # noqa: E402
 from bcg_diffusion.serving.worker import ImageGenerator, ServerCounters  # noqa: E402
 
-START_TIMEOUT_S = 90
+START_TIMEOUT_S = 300  # a bound on a start-up, not a speed claim (a loaded 2-core machine starts slowly)
 REQUEST_TIMEOUT_S = 60
 MAX_PIXELS = 128 * 128
 SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --bcg --max-steps 8 --max-n 2 "
@@ -41,11 +46,11 @@ SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --bcg --max-s
 REQUEST = {"prompt": "a red fox in the snow", "size": "64x64", "seed": 7}
 
 
-TOOLS = {"serve": "bcg_diffusion.serving.server", "load": "bcg_diffusion.serving.load_test"}
+from _scripts import load_script  # noqa: E402
 
 
 def _load_script(name: str):
-    return importlib.import_module(TOOLS[name])
+    return load_script(name)
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +106,11 @@ def reference(http) -> str:
 def test_valid_request_returns_a_png(http, reference):
     image = png(reference)
     assert image.size == (64, 64) and image.mode == "RGB"
+    sent = math.floor(time.time())
     response = post(http, {"prompt": "a lighthouse", "size": "80x64", "n": 2, "response_format": "b64_json"})
+    answered = math.ceil(time.time())
     body = response.json()
-    assert isinstance(body["created"], int) and abs(body["created"] - time.time()) < 600
+    assert isinstance(body["created"], int) and sent <= body["created"] <= answered  # a UNIX time of the call
     images = [png(p) for p in payloads(response)]
     assert [im.size for im in images] == [(80, 64), (80, 64)]  # "WxH": width first
     assert images[0].tobytes() != images[1].tobytes()  # two images of one call, different noise
@@ -117,7 +124,6 @@ def _openai_http_client(openai):
 
 
 def test_openai_client_gets_the_same_image(server, reference):
-    openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=REQUEST_TIMEOUT_S,
                            http_client=_openai_http_client(openai))
     result = client.images.generate(prompt=REQUEST["prompt"], size="64x64", response_format="b64_json", n=1,
@@ -237,16 +243,13 @@ def test_health_and_stats_answer_while_a_slow_call_runs(http, server):
     thread = threading.Thread(target=send_slow)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while counters(http)["running"] != 1:
-            assert time.monotonic() < deadline, "the slow call never started"
+        while counters(http)["running"] != 1:  # bounded: the slow request ends (or times out) and the thread with it
+            assert thread.is_alive(), "the slow call ended before it was seen running"
             time.sleep(0.05)
-        start = time.perf_counter()
         health = http.get("/health")
-        elapsed = time.perf_counter() - start
         assert health.status_code == 200 and health.json()["busy"] is True
-        assert elapsed < 1.0, f"/health took {elapsed:.2f} s while a call ran"
-        assert counters(http)["running"] == 1  # still inside the 2 s call
+        # /health answered while the call was still running: the pipeline does not block the server
+        assert counters(http)["running"] == 1 and thread.is_alive()
     finally:
         thread.join(REQUEST_TIMEOUT_S)
     assert slow["response"].status_code == 200
@@ -257,24 +260,23 @@ def test_health_and_stats_answer_while_a_slow_call_runs(http, server):
 # -------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def load():
-    return _load_script("load")
+    return load_script("load")
 
 
-def test_load_compare_reports_and_cross_checks(load, server, tmp_path, capsys):
+def test_load_reports_one_server(load, server, tmp_path, capsys):
     out = tmp_path / "load.json"
-    code = load.main(["--compare", server, server, "--labels", "a,b", "--requests", "4", "--concurrency", "2",
+    code = load.main(["--url", server, "--requests", "4", "--concurrency", "2",
                       "--sizes", "64x64,64x80", "--prompts", "a fox", "--seeds", "1", "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text
     result = json.loads(out.read_text())
-    assert result["passed"] is True
-    a, b = result["servers"]
-    assert (a["requests"], a["ok"], b["ok"]) == (4, 4, 4)
+    assert result["passed"] is True and result["cross_check"] is None  # one server: nothing to cross-check
+    (a,) = result["servers"]
+    assert (a["requests"], a["ok"]) == (4, 4)
     assert a["latency_s"]["p50"] > 0 and a["latency_s"]["p99"] >= a["latency_s"]["p50"]
     assert a["consistency"]["repeated_identities"] >= 1 and not a["consistency"]["inconsistent_identities"]
     assert a["per_size"]["64x64"]["warmed"] is True and a["per_size"]["64x80"]["warmed"] is False
-    assert result["cross_check"]["equal"] == result["cross_check"]["compared"] == 4
-    assert "cross-check" in text and "latency p99 s" in text and "result: PASS" in text
+    assert "latency p99 s" in text and "result: PASS" in text
 
 
 @pytest.mark.parametrize("url", ["http://10.0.0.1:8000", "http://localhost:8000", "https://127.0.0.1:8000",
@@ -284,15 +286,25 @@ def test_load_refuses_servers_not_on_127_0_0_1(load, url, capsys):
     assert "127.0.0.1" in capsys.readouterr().err
 
 
-def test_load_spawns_a_server_and_stops_it(load, tmp_path, capsys):
-    code = load.main(["--spawn", "--model flux --device cpu --steps 2 --warmup 64x64", "--requests", "2", "--concurrency", "1",
-                      "--sizes", "64x64", "--spawn-timeout", str(START_TIMEOUT_S), "--spawn-log-dir", str(tmp_path)])
+def test_load_spawns_two_servers_cross_checks_them_and_stops_them(load, tmp_path, capsys):
+    """Two server processes (eager, and --bcg: inactive without CUDA) answer the same mix; the cross-check
+    compares their images request by request (the in-process report test shows that it flags a mismatch)."""
+    common = "--model flux --device cpu --steps 2 --warmup 64x64"
+    out = tmp_path / "load.json"
+    code = load.main(["--spawn", common, "--spawn", f"{common} --bcg", "--requests", "4", "--concurrency", "2",
+                      "--sizes", "64x64,64x80", "--prompts", "a fox", "--seeds", "2", "--out", str(out),
+                      "--spawn-timeout", str(START_TIMEOUT_S), "--spawn-log-dir", str(tmp_path)])
     text = capsys.readouterr().out
     assert code == 0, text
-    log = (tmp_path / "server0.log").read_text()
-    url = next(line.split()[-1] for line in log.splitlines() if line.startswith("listening on "))
-    with pytest.raises(httpx.TransportError):  # stopped: nothing listens there any more
-        httpx.get(f"{url}/health", timeout=5, trust_env=False)
+    result = json.loads(out.read_text())
+    assert result["passed"] is True
+    assert result["cross_check"]["equal"] == result["cross_check"]["compared"] == 4, result["cross_check"]
+    assert "cross-check" in text and "result: PASS" in text
+    for i in range(2):
+        log = (tmp_path / f"server{i}.log").read_text()
+        url = next(line.split()[-1] for line in log.splitlines() if line.startswith("listening on "))
+        with pytest.raises(httpx.TransportError):  # stopped: nothing listens there any more
+            httpx.get(f"{url}/health", timeout=5, trust_env=False)
 
 
 def test_load_spawn_refuses_host_and_port(load, capsys):
@@ -359,7 +371,7 @@ def test_warmup_without_the_library_makes_one_2_step_call_per_size(monkeypatch, 
 
 @pytest.fixture(scope="module")
 def serve_script():
-    return _load_script("serve")
+    return load_script("serve")
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -369,10 +381,9 @@ def serve_script():
     (["--inject", "boom"], "KIND:PROMPT"),
     (["--max-steps", "0"], "--max-steps must be >= 1"),
     (["--port", "70000"], "--port"),
-    pytest.param(["--size", "full"], "--yes", marks=pytest.mark.skipif(
-        torch.cuda.is_available(), reason="checks the no-CUDA refusal (with CUDA it would build the full model)")),
+    (["--size", "full"], "--yes"),  # the no-CUDA refusal: CUDA is hidden (with CUDA it would build the full model)
 ])
-def test_serve_bad_options_exit_2_before_building(serve_script, capsys, argv, needle):
+def test_serve_bad_options_exit_2_before_building(serve_script, capsys, hide_cuda, argv, needle):
     assert serve_script.main(argv) == 2
     assert needle in capsys.readouterr().err
 

@@ -5,12 +5,13 @@ passes against the pair. Both servers are subprocesses on the one GPU, stopped a
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
-pytestmark = pytest.mark.gpu
+from _replay import assert_served
+from _scripts import load_script
 
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
+pytestmark = pytest.mark.gpu
 
 from bcg_diffusion.serving.png import pixel_hash  # noqa: E402
 from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
@@ -18,10 +19,11 @@ from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
 START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 120
 WARMED = ("64x64", "80x64")
+STEPS = 3  # the servers' --steps; Flux (guidance-distilled) and PixArt (batched CFG) make one call per step
 INJECT = "--inject oom:__oom__ --inject error:__fail__"
 FAMILY_ARGS = {
-    "flux": f"--model flux --device cuda --steps 3 --max-n 2 --warmup {','.join(WARMED)}",
-    "pixart": f"--model pixart --device cuda --steps 3 --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
+    "flux": f"--model flux --device cuda --steps {STEPS} --max-n 2 --warmup {','.join(WARMED)}",
+    "pixart": f"--model pixart --device cuda --steps {STEPS} --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
 }
 REQUESTS = [
     {"prompt": "a red fox in the snow", "size": "64x64", "seed": 0},
@@ -62,7 +64,11 @@ def test_bcg_server_is_active_and_warmed(servers):
     s = stats(bcg)
     assert s["server"]["bcg"] is True and s["bcg"] is not None
     assert s["server"]["warmup"]["sizes"] == list(WARMED)
-    assert s["bcg"]["captures"] >= len(WARMED), s["bcg"]
+    warmed = s["bcg"]
+    # one graph key per warmed size, captured and kept: no failed capture, no eager call, no fallback
+    assert warmed["captures"] == len(WARMED) and warmed["failed_captures"] == 0, warmed
+    assert warmed["eager_calls"] == 0 and warmed["hits"] > 0, warmed
+    assert len(warmed["entries"]) == len(WARMED) and all(e["fallback"] is None for e in warmed["entries"]), warmed
     assert s["gpu_memory"]["allocated_bytes"] > 0
     assert stats(eager)["bcg"] is None and stats(eager)["server"]["bcg"] is False
 
@@ -73,16 +79,17 @@ def test_bcg_images_equal_eager_images_bitwise(servers):
         expected = pixels(post(eager, body))
         assert len(expected) == body.get("n", 1)
         assert pixels(post(bcg, body)) == expected, body
-    assert stats(bcg)["bcg"]["hits"] > 0
+    after = stats(bcg)["bcg"]
+    assert after["hits"] > 0 and after["eager_calls"] == 0 and after["failed_captures"] == 0, after
+    assert all(e["fallback"] is None for e in after["entries"]), after
 
 
 def test_a_warmed_size_replays_without_a_capture(servers):
     _, _, bcg = servers
     before = stats(bcg)["bcg"]
     pixels(post(bcg, {"prompt": "a quiet harbor", "size": WARMED[1], "seed": 11}))
-    after = stats(bcg)["bcg"]
-    assert after["captures"] == before["captures"], "the warm-up did not capture what a request at its size needs"
-    assert after["hits"] > before["hits"]
+    # every call of the request replayed a graph the warm-up captured (no capture, no first call)
+    assert_served(stats(bcg)["bcg"], before, STEPS)
 
 
 BAD = [
@@ -97,9 +104,10 @@ BAD = [
 
 
 def test_bad_requests_capture_nothing_and_change_no_image(servers):
-    _, _, bcg = servers
+    _, eager, bcg = servers
     body = REQUESTS[2]
-    reference = pixels(post(bcg, body))
+    reference = pixels(post(eager, body))
+    assert pixels(post(bcg, body)) == reference
     before = stats(bcg)
     for bad in BAD:
         response = post(bcg, bad)
@@ -109,6 +117,7 @@ def test_bad_requests_capture_nothing_and_change_no_image(servers):
         assert after["bcg"][key] == before["bcg"][key], key
     assert after["counters"]["pipeline_calls"] == before["counters"]["pipeline_calls"]
     assert pixels(post(bcg, body)) == reference
+    assert_served(stats(bcg)["bcg"], after["bcg"], STEPS)  # the same image again, from its graph
 
 
 def test_failures_inside_the_pipeline_then_the_same_image(servers):
@@ -117,7 +126,9 @@ def test_failures_inside_the_pipeline_then_the_same_image(servers):
     reference = pixels(post(eager, body))
     assert post(bcg, {**body, "prompt": "__oom__"}).status_code == 503
     assert post(bcg, {**body, "prompt": "__fail__"}).status_code == 500
+    before = stats(bcg)["bcg"]
     assert pixels(post(bcg, body)) == reference
+    assert_served(stats(bcg)["bcg"], before, STEPS)  # a warmed size: replayed, the failures left no damage
     assert httpx.get(f"{bcg}/health", timeout=10, trust_env=False).json()["status"] == "ok"
 
 
@@ -127,12 +138,16 @@ def test_load_compare_eager_and_bcg(servers, tmp_path, capsys):
     from bcg_diffusion.serving import load_test as load
 
     _, eager, bcg = servers
+    load = load_script("load")
     out = tmp_path / "load.json"
     code = load.main(["--compare", eager, bcg, "--requests", "16", "--concurrency", "4",
                       "--sizes", "64x64,80x64,64x80,64x96", "--seeds", "2", "--out", str(out)])
     assert code == 0, capsys.readouterr().out
     result = json.loads(out.read_text())
     assert result["cross_check"]["equal"] == 16
+    served = stats(bcg)["bcg"]  # the BCG server's images came from graphs, not from eager calls
+    assert served["eager_calls"] == 0 and served["failed_captures"] == 0, served
+    assert served["entries"] and all(e["fallback"] is None for e in served["entries"]), served
     for summary in result["servers"]:
         assert summary["gpu_memory"]["start"]["allocated_bytes"] > 0
         assert not summary["consistency"]["inconsistent_identities"]

@@ -7,16 +7,18 @@ small configs (acceleration is a no-op without CUDA). The GPU counterpart is ``t
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from _scripts import load_file
+
 from bcg_pipelines.zoo import full
 
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
+CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +113,7 @@ def test_shape_overrides_change_the_derived_shapes():
 
 # -- scripts/zoo_bench.py --------------------------------------------------------------------------------
 def _docs_result_name():
-    path = Path(__file__).with_name("test_bench_docs.py")
-    spec = importlib.util.spec_from_file_location("_bcg_test_bench_docs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.RESULT_NAME
+    return load_file(Path(__file__).with_name("test_bench_docs.py"), "_bcg_test_bench_docs").RESULT_NAME
 
 
 @CPU_ONLY

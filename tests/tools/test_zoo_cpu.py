@@ -16,21 +16,9 @@ from bcg_diffusion import KNOWN_TRANSFORMERS
 from bcg_diffusion.core.tree import walk
 from bcg_pipelines import zoo
 
+from _tensors import tensor_leaves as _tensors
+
 CASES = zoo.zoo_cases()
-
-
-def _tensors(value, path: str = "x") -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) of every tensor in ``value``: containers and dataclasses, and plain objects' attributes
-    (inputs hold cache objects)."""
-    if isinstance(value, torch.Tensor):
-        return [(path, value)]
-    found: list[tuple[str, torch.Tensor]] = []
-    for p, desc, leaf in walk(value, path):
-        if desc is None and isinstance(leaf, torch.Tensor):
-            found.append((p, leaf))
-        elif desc is None and hasattr(leaf, "__dict__") and not isinstance(leaf, (type, torch.nn.Module)):
-            found += [t for name, attr in vars(leaf).items() for t in _tensors(attr, f"{p}.{name}")]
-    return found
 
 
 @pytest.fixture
@@ -130,7 +118,7 @@ def probe():
     return importlib.import_module("bcg_diffusion.benchmarks.zoo_probe")
 
 
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the script")
+CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 
 
 @CPU_ONLY

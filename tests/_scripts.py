@@ -1,0 +1,47 @@
+"""The one loader of the tools and of other files by path, for the tests.
+
+The tools are package modules (``bcg_diffusion.cli``, ``serving``, ``benchmarks``); ``scripts/*.py``
+are thin launchers of them. :func:`load_script` maps a script's name to its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+MODULES = {
+    "generate": "bcg_diffusion.cli.generate",
+    "serve": "bcg_diffusion.serving.server",
+    "load": "bcg_diffusion.serving.load_test",
+    "bench_step": "bcg_diffusion.benchmarks.bench_step",
+    "bench_shapes": "bcg_diffusion.benchmarks.bench_shapes",
+    "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit_bench",
+    "zoo_bench": "bcg_diffusion.benchmarks.zoo_bench",
+    "zoo_probe": "bcg_diffusion.benchmarks.zoo_probe",
+    "capture_profile": "bcg_diffusion.benchmarks.capture_profile",
+    "compile_cache_check": "bcg_diffusion.benchmarks.compile_cache_check",
+    "smoke_full_pipelines": "bcg_diffusion.benchmarks.smoke_full_pipelines",
+}
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """The module in ``path``, executed under ``name`` and registered in ``sys.modules``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_script(name: str) -> ModuleType:
+    """The package module behind ``scripts/<name>.py``."""
+    return importlib.import_module(MODULES[name])
