@@ -302,7 +302,7 @@ def test_fingerprint_looks_through_wrapper_tensor_subclasses():
 
 
 def test_tensor_parallel_transformers_are_refused_in_either_order(pretend_cuda):
-    """Context parallelism is accepted (tests/library/test_parallel_cpu.py); tensor parallelism is not."""
+    """Context parallelism is accepted (tests/integrations/test_parallel_cpu.py); tensor parallelism is not."""
     import types
 
     class ParallelDiT(torch.nn.Module):

@@ -2,7 +2,7 @@
 
 The same checks as the one-GPU harness (``test_context_parallel_one_gpu.py``, ``cp_checks.py``),
 with one GPU per rank, NCCL and diffusers' own functional collectives (observed by the harness:
-counted, refused under a capture). Two torchrun launches of ``tests/library/cp_worker.py``: every
+counted, refused under a capture). Two torchrun launches of ``tests/cp_worker.py``: every
 case, then a rank that raises mid-call (under NCCL the host of the other rank does not wait in the
 collective, so it stops at its next agreement round: in that call or the next). Everything is
 bounded: collectives by the worker's timeout, each launch by its own (its process group killed).

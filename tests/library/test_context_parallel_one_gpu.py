@@ -1,7 +1,7 @@
 """BCG under diffusers' context parallelism with two ranks on ONE GPU (the harness, gloo).
 
-Two torchrun launches of ``tests/library/cp_worker.py --one-gpu`` (every rank on ``cuda:0``,
-gloo, the harness's stand-in collectives: ``tests/library/cp_harness.py``):
+Two torchrun launches of ``tests/cp_worker.py --one-gpu`` (every rank on ``cuda:0``,
+gloo, the harness's stand-in collectives: ``tests/cp_harness.py``):
 
 1. Flux.1 and Wan 2.1 tiny transformers, Ulysses 2 and ring 2, 100 calls each with shape changes
    and a LoRA load after capture; accelerating before ``enable_parallelism``; whole tiny pipelines

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 REPLACED = ("all_gather_tensor", "all_to_all_single")
 
 

@@ -1,6 +1,6 @@
 """CPU tests of BCG under context parallelism: the lockstep (integration/parallel.py), the gather
 break (cp_gather.py), the refusals (cp_support.py), gapped static inputs, and the one-GPU harness's
-stand-in collectives (tests/library/cp_harness.py).
+stand-in collectives (tests/cp_harness.py).
 
 Three kinds: units with fakes (no waiting: fake clocks and works); ranks as threads of this process
 agreeing over an in-process ``HashStore`` (every rank always arrives, so nothing waits for a

@@ -2,10 +2,10 @@
 
 Launched through torchrun by ``tests/library/test_context_parallel_one_gpu.py`` (two ranks on one
 GPU, gloo: ``--one-gpu``), ``tests/library/test_context_parallel_gpu.py`` (one GPU per rank, NCCL),
-``tests/library/test_parallel_cpu.py`` (gloo on the CPU) or by hand, with NVLink multicast off::
+``tests/integrations/test_parallel_cpu.py`` (gloo on the CPU) or by hand, with NVLink multicast off::
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
-        python -m torch.distributed.run --standalone --nproc_per_node 2 tests/library/cp_worker.py \\
+        python -m torch.distributed.run --standalone --nproc_per_node 2 tests/cp_worker.py \\
         --one-gpu --report-dir /tmp/cp
 
 Every rank builds the same models (same seed). A case is ``family:mode[:variant]``:
