@@ -100,13 +100,18 @@ __all__ = [
 ]
 
 
+_resolved: set[str] = set()  # the public names bound in the package so far
+
+
 def __getattr__(name: str):
-    """A public name on first use: import its submodule, keep the value in the package (PEP 562)."""
+    """A public name on first use: import its submodule, keep the value in the package (PEP 562). A name
+    bound once and deleted since (``del``, ``monkeypatch.delattr``) stays absent, as after an eager import."""
     module = _EXPORTS.get(name)
-    if module is None:
+    if module is None or name in _resolved:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
+    _resolved.add(name)
     return value
 
 
@@ -125,6 +130,8 @@ class _Package(_types.ModuleType):
         if (name in _EXPORTS and isinstance(value, _types.ModuleType)
                 and value.__name__ == f"{__name__}.{name}" and hasattr(value, name)):
             value = getattr(value, name)
+        if name in _EXPORTS:
+            _resolved.add(name)
         super().__setattr__(name, value)
 
 

@@ -299,6 +299,10 @@ LAZY_ROOT = textwrap.dedent("""
     namespace = {}
     exec("from bcg_diffusion import *", namespace)
     assert set(bcg_diffusion.__all__) <= set(namespace)
+    saved = bcg_diffusion.get_stats
+    del bcg_diffusion.get_stats  # as after an eager import, a deleted name stays absent (monkeypatch.delattr)
+    assert not hasattr(bcg_diffusion, "get_stats")
+    bcg_diffusion.get_stats = saved
     try:
         bcg_diffusion.no_such_name
     except AttributeError as exc:
