@@ -21,7 +21,7 @@ import torch
 from bcg_diffusion.cli import generate, media, options
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the command")
+CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # the no-CUDA path of the command (CUDA hidden where present)
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_mp4_without_a_writer_writes_the_gif_and_says_so_before_building(tmp_pat
 
 
 def test_mp4_with_the_video_extra_is_an_mp4(tmp_path, capsys):
-    pytest.importorskip("imageio_ffmpeg", reason="the video extra (imageio + imageio-ffmpeg) writes MP4")
+    assert media.can_write_mp4()  # the video extra (imageio + imageio-ffmpeg) is in the test extra
     out = tmp_path / "wan.mp4"
     assert generate.main(["--model", "wan", "--steps", "1", "--out", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
@@ -189,12 +189,10 @@ def test_missing_model_path_exits_2_before_building(tmp_path, capsys, no_build):
     assert "is a file" in usage_error(capsys, ["--model", str(tmp_path / "file")])
 
 
-def test_attention_backend_without_its_package_exits_2_before_building(capsys, no_build):
-    try:
-        import flash_attn  # noqa: F401
-        pytest.skip("flash-attn is installed here")
-    except ImportError:
-        pass
+def test_attention_backend_without_its_package_exits_2_before_building(capsys, no_build, monkeypatch):
+    from diffusers.models import attention_dispatch
+
+    monkeypatch.setattr(attention_dispatch, "_CAN_USE_FLASH_ATTN", False)  # as where flash-attn is not installed
     reason = usage_error(capsys, ["--attention-backend", "flash"])
     assert "--attention-backend flash:" in reason and "flash-attn" in reason, reason
 
@@ -229,14 +227,13 @@ def test_known_harmless_library_messages_are_dropped_and_others_kept(caplog):
     assert [r.getMessage() for r in caplog.records] == ["something else"]
 
 
+@CPU_ONLY
 def test_bench_e2e_on_cpu_does_not_say_with_capture():
     import bcg_pipelines as pipelines
 
     from bcg_diffusion.benchmarks.e2e_row import run_e2e
     from bcg_diffusion.benchmarks.timing import Clock
 
-    if torch.cuda.is_available():
-        pytest.skip("checks the no-CUDA wording")
     pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
     lines: list[str] = []
     call = {"prompt": "x", "num_inference_steps": 1, "height": 32, "width": 32}

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 
+import httpx
+import openai
 import pytest
 
-pytest.importorskip("fastapi", reason="needs the serve extra: pip install -e \".[serve]\"")
-httpx = pytest.importorskip("httpx", reason="needs the serve extra: pip install -e \".[serve]\"")
-
-from bcg_diffusion.serving import server as serve  # noqa: E402
-from bcg_diffusion.serving.app import authorized  # noqa: E402
-from bcg_diffusion.serving.requests import MAX_BODY_BYTES, MAX_JSON_DEPTH, QUALITIES, STYLES  # noqa: E402
-from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
+from bcg_diffusion.serving import server as serve
+from bcg_diffusion.serving.app import authorized
+from bcg_diffusion.serving.requests import MAX_BODY_BYTES, MAX_JSON_DEPTH, QUALITIES, STYLES
+from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready
 
 START_TIMEOUT_S = 90
 REQUEST_TIMEOUT_S = 60
@@ -90,7 +89,6 @@ def test_every_route_but_health_needs_the_key(spawned, http):
 
 
 def test_the_openai_client_sends_the_key_and_quality_and_style(spawned):
-    openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
     maker = getattr(openai, "DefaultHttpx2Client", None) or openai.DefaultHttpxClient
     client = openai.OpenAI(base_url=f"{spawned.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_TIMEOUT_S,
                            http_client=maker(trust_env=False))
