@@ -24,7 +24,7 @@ from .cache_option import CACHE_HELP
 from .choices import CP_MODES, MAX_SIDE_FACTOR, MIN_MAX_SIDE
 from .media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
 from .options import add_model_options, choose_device, family_or_checkpoint, quiet_known_messages
-from .quant_option import QUANT_HELP, QUANT_NAMES, torchao_problem
+from .quant_option import QUANT_HELP, QUANT_NAMES, device_problem, torchao_problem
 
 __all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "SHAPE_KEYS", "Plan", "Ranks", "build_parser", "main", "make_plan",
            "max_side"]
@@ -203,7 +203,7 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
             check_cache_option(args.cache, spec.name if spec is not None else None)
         except ValueError as exc:
             parser.error(f"--cache: {exc}")
-    if args.quant is not None and (problem := torchao_problem()):
+    if args.quant is not None and (problem := torchao_problem() or device_problem(args.quant, device)):
         parser.error(f"--quant {args.quant}: {problem}")
     model_size = args.size if spec is not None else "checkpoint"
     try:
@@ -338,6 +338,9 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
         size_tag = model_size if model_size != "checkpoint" else "weights"
         return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}", []
     allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
+    if args.out.is_dir() or str(args.out).endswith(("/", os.sep)):
+        example = args.out / f"{model_name}.{'gif' if is_video else 'png'}"
+        parser.error(f"--out {str(args.out)!r} is a folder; give a file in it, e.g. --out {example}")
     if args.out.suffix.lower() not in allowed:
         kind = "a video" if is_video else "an image"
         parser.error(f"--out {str(args.out)!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")

@@ -119,7 +119,7 @@ def binning_note(pipe, call: dict[str, Any], sizes: list) -> str | None:
 def print_run(result: RunResult, warmed: bool) -> None:
     times = result.step_times
     if times:
-        print(f"  {result.label}: {len(times)} steps, median step {fmt_ms(result.median_step)} "
+        print(f"  {result.label}: {len(times)} step{'s' if len(times) != 1 else ''}, median step {fmt_ms(result.median_step)} "
               f"(first {fmt_ms(times[0])}, later steps median {fmt_ms(result.steady_median_step)}), "
               f"total {result.total_s:.2f} s")
         if warmed:

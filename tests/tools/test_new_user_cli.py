@@ -243,6 +243,18 @@ def test_bench_e2e_on_cpu_does_not_say_with_capture():
     assert res["bcg_stats"] is None and "no-op" in res["note"]
 
 
+@CPU_ONLY
+@pytest.mark.parametrize("name", ["fp8", "fp8wo"])
+def test_float8_quant_without_cuda_exits_2_before_building(capsys, no_build, name):
+    reason = usage_error(capsys, ["--quant", name])
+    assert "need a CUDA GPU of compute capability 8.9 or newer" in reason and "int8wo" in reason, reason
+
+
+def test_out_that_is_a_folder_says_so(tmp_path, capsys, no_build):
+    reason = usage_error(capsys, ["--out", str(tmp_path)])
+    assert f"--out '{tmp_path}' is a folder; give a file in it, e.g. --out {tmp_path / 'flux.png'}" in reason
+
+
 # -- --help answers before torch is imported (the command's "under 1 s") ---------------------------------------
 HELP_IMPORTS = textwrap.dedent("""
     import json, runpy, sys
