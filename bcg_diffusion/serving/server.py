@@ -288,7 +288,7 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None}
     method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else "server (2-step calls)"
-    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} ({method}) ...", flush=True)
+    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}) ...", flush=True)
     try:
         report = worker.submit(lambda: run_warmup(generator, planner, sizes)).result()
     except RequestError as exc:
@@ -353,7 +353,7 @@ def start(args, parser) -> int:
         notes = speed_up(pipe, args, device)
         planner = make_planner(pipe, spec, args, options["default_size"])
         print(f"built in {time.perf_counter() - t0:.1f} s; sizes in multiples of {planner.limits.granularity} px, "
-              f"default {planner.default_width}x{planner.default_height}, {planner.default_steps} steps", flush=True)
+              f"default {planner.default_width}x{planner.default_height} (WxH), {planner.default_steps} steps", flush=True)
         for note in notes:
             print(f"  {note}", flush=True)
         if planner.takes_binning and not args.no_resolution_binning:
