@@ -37,7 +37,8 @@ def video_target(path: Path) -> tuple[Path, str | None]:
     if path.suffix.lower() != ".mp4" or can_write_mp4():
         return path, None
     gif = path.with_suffix(".gif")
-    return gif, f"note: --out {path}: no MP4 writer is installed, so the video is written as the GIF {gif} ({MP4_INSTALL_HINT})"
+    return gif, (f"note: --out {path}: no MP4 writer is installed, so the video is written as the GIF {gif} "
+                 f"({MP4_INSTALL_HINT})")
 
 
 def _existing_folder(path: Path) -> Path:
@@ -134,7 +135,8 @@ def _write_mp4(frames, target: Path, fps: int) -> None:
         raise OSError(f"the MP4 writer left no file at {target}")
 
 
-def save_output(output, path: Path, is_video: bool, fps: int, tag: str = "", notes: list[str] | None = None) -> list[Path]:
+def save_output(output, path: Path, is_video: bool, fps: int, tag: str = "",
+                notes: list[str] | None = None) -> list[Path]:
     """Write each image or video of the batch (``_0``, ``_1``, ... when there are several; ``tag`` before
     the number); return the paths written. A video whose MP4 writer fails is written as a GIF beside it, with
     a sentence appended to ``notes`` (printed by the caller)."""

@@ -170,7 +170,7 @@ def test_quality_and_style_are_accepted_and_change_nothing(http):
             break  # one style per quality keeps the test short; every value is validated the same way
 
 
-# -- 11 and 5: the warm-up report once, sizes labelled, no torchvision noise ------------------------------------------------------
+# -- 11 and 5: the warm-up report once, sizes labelled, no torchvision noise ----------------------------------
 def test_the_log_has_one_warmup_report_and_no_library_noise(spawned, http):
     log = spawned.log_path.read_text()
     assert log.count("warm-up: 1 shape(s)") == 1, log
