@@ -52,15 +52,15 @@ from .generate_args import (
     make_plan,
     max_side,
 )
-from .generate_report import SetUp, fmt_size, print_summary
+from .generate_report import SetUp, fmt_size, format_bcg_stats, print_summary
 from .media import save_output
 from .options import Failure, offline_hint
 from .quant_option import apply_quant
 from .speedups import enable_context_parallel, has_cp_plan, quiet_library_warnings, regional_compile, set_attention_backend
 from .timed_run import RunResult, compare_outputs, run_pipeline
 
-__all__ = ["DEFAULT_MODEL", "NVLINK_MULTICAST_OFF", "build_parser", "keep_nvlink_multicast_off", "main",
-           "run_command", "run_pipeline"]
+__all__ = ["DEFAULT_MODEL", "NVLINK_MULTICAST_OFF", "build_parser", "format_bcg_stats", "keep_nvlink_multicast_off",
+           "main", "run_command", "run_pipeline"]
 
 NO_CUDA_NOTE = "note: BCG needs a CUDA GPU and none is in use here, so everything runs eagerly."
 

@@ -340,7 +340,8 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
     allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
     if args.out.is_dir() or str(args.out).endswith(("/", os.sep)):
         example = args.out / f"{model_name}.{'gif' if is_video else 'png'}"
-        parser.error(f"--out {str(args.out)!r} is a folder; give a file in it, e.g. --out {example}")
+        parser.error(f"--out {str(args.out)!r} cannot be written: it is a folder; give a file in it, e.g. --out "
+                     f"{example}")
     if args.out.suffix.lower() not in allowed:
         kind = "a video" if is_video else "an image"
         parser.error(f"--out {str(args.out)!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")

@@ -59,8 +59,8 @@ def print_summary(pipe, plan: Plan, args, call: dict[str, Any], results: list[Ru
         active = last.bcg_stats is not None and last.bcg_stats.active
         if not active:  # two eager runs: their ratio is noise, not a speed-up
             reason = last.bcg_stats.inactive_reason if last.bcg_stats is not None else None
-            print(f"  per-step speedup: none measured: BCG is inactive ({reason or 'not accelerated'}), so both runs "
-                  "were eager")
+            print(f"  per-step speedup: none: BCG is inactive ({reason or 'not accelerated'}) (no speed-up to expect: "
+                  "both runs were eager on this machine)")
         elif a and b:
             print(f"  per-step speedup (median of steps after the first): {a / b:.2f}x "
                   f"({fmt_ms(a)} {eager.label} -> {fmt_ms(b)} {accel.label})")
