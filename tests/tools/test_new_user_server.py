@@ -162,12 +162,10 @@ def test_a_body_above_the_limit_is_a_413_before_it_is_read(http):
 def test_quality_and_style_are_accepted_and_change_nothing(http):
     plain = post(http, OK)
     assert plain.status_code == 200, plain.text
-    for quality in QUALITIES:
-        for style in STYLES:
-            response = post(http, {**OK, "quality": quality, "style": style})
-            assert response.status_code == 200, response.text
-            assert response.json()["data"] == plain.json()["data"], (quality, style)
-            break  # one style per quality keeps the test short; every value is validated the same way
+    for quality, style in zip((QUALITIES[0], QUALITIES[-1]), STYLES):  # every value passes the same check
+        response = post(http, {**OK, "quality": quality, "style": style})
+        assert response.status_code == 200, response.text
+        assert response.json()["data"] == plain.json()["data"], (quality, style)
 
 
 # -- 11 and 5: the warm-up report once, sizes labelled, no torchvision noise ----------------------------------
