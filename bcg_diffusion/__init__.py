@@ -2,35 +2,51 @@
 
 The user API is here; the capture core (breakable graphs, breaks, replay tokens) is
 :mod:`bcg_diffusion.core`.
+
+The names are imported lazily (PEP 562): ``import bcg_diffusion`` imports neither torch nor diffusers,
+so a command that only answers ``--help`` starts in a fraction of a second; the first use of a name
+(``bcg_diffusion.accelerate_pipeline``, ``from bcg_diffusion import get_stats``) imports its module.
+``dir(bcg_diffusion)`` and ``from bcg_diffusion import *`` list every public name as before.
 """
 
-from .accelerate import (
-    accelerate_pipeline,
-    accelerate_transformer,
-    clear_graphs,
-    get_stats,
-    is_accelerated,
-    remove_acceleration,
-)
-from .compile_cache import CompileCache, use_compile_cache
-from .config import BCGConfig
-from .core import BreakOutputMismatchError, CudaRuntimeError, eager_on_graph, get_current_replay_token
-from .errors import (
-    AccelerationError,
-    BCGCaptureWarning,
-    RankAbortedError,
-    RankAgreementError,
-    RankDisagreementError,
-    RankOutOfStepError,
-    RankTimeoutError,
-    UnknownTransformerError,
-)
-from .families import KNOWN_TRANSFORMERS
-from .stats import BCGStats, GraphEntryStats
-from .step_caches import CachePasses, count_cache_passes
-from .warmup import WarmedShape, WarmupReport, warmup
+import importlib as _importlib
+import sys as _sys
+import types as _types
 
 __version__ = "0.1.0"
+
+#: Every public name and the submodule that defines it.
+_EXPORTS = {
+    "accelerate_pipeline": ".accelerate",
+    "accelerate_transformer": ".accelerate",
+    "clear_graphs": ".accelerate",
+    "get_stats": ".accelerate",
+    "is_accelerated": ".accelerate",
+    "remove_acceleration": ".accelerate",
+    "CompileCache": ".compile_cache",
+    "use_compile_cache": ".compile_cache",
+    "BCGConfig": ".config",
+    "BreakOutputMismatchError": ".core",
+    "CudaRuntimeError": ".core",
+    "eager_on_graph": ".core",
+    "get_current_replay_token": ".core",
+    "AccelerationError": ".errors",
+    "BCGCaptureWarning": ".errors",
+    "RankAbortedError": ".errors",
+    "RankAgreementError": ".errors",
+    "RankDisagreementError": ".errors",
+    "RankOutOfStepError": ".errors",
+    "RankTimeoutError": ".errors",
+    "UnknownTransformerError": ".errors",
+    "KNOWN_TRANSFORMERS": ".families",
+    "BCGStats": ".stats",
+    "GraphEntryStats": ".stats",
+    "CachePasses": ".step_caches",
+    "count_cache_passes": ".step_caches",
+    "WarmedShape": ".warmup",
+    "WarmupReport": ".warmup",
+    "warmup": ".warmup",
+}
 
 
 def install_attention_breaks(transformer):
@@ -82,3 +98,41 @@ __all__ = [
     "use_compile_cache",
     "warmup",
 ]
+
+
+_resolved: set[str] = set()  # the public names bound in the package so far
+
+
+def __getattr__(name: str):
+    """A public name on first use: import its submodule, keep the value in the package (PEP 562). A name
+    bound once and deleted since (``del``, ``monkeypatch.delattr``) stays absent, as after an eager import."""
+    module = _EXPORTS.get(name)
+    if module is None or name in _resolved:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    _resolved.add(name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(name for name in set(globals()) | set(__all__) if not name.startswith("_") or name in __all__
+                  or name.startswith("__"))
+
+
+class _Package(_types.ModuleType):
+    """The package's module type. Importing a submodule binds it on the package (``setattr``); where a
+    public name is also a submodule's name (``warmup``: the module ``bcg_diffusion.warmup`` defines the
+    function ``warmup``), the public name keeps the function, as an eager ``from .warmup import warmup``
+    would, whoever imports the submodule first."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if (name in _EXPORTS and isinstance(value, _types.ModuleType)
+                and value.__name__ == f"{__name__}.{name}" and hasattr(value, name)):
+            value = getattr(value, name)
+        if name in _EXPORTS:
+            _resolved.add(name)
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

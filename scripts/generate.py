@@ -3,7 +3,7 @@
 
 import sys
 
-from bcg_diffusion.cli.generate import main
+from bcg_diffusion.cli.generate_args import main
 
 if __name__ == "__main__":
     sys.exit(main())

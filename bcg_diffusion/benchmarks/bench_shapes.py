@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import bcg_pipelines as pipelines
+from bcg_diffusion.cli.options import quiet_known_messages
 
 from .report import environment, output_base
 from .shapes import (
@@ -94,6 +95,7 @@ def write(report: dict, base: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_known_messages()
     parser = build_parser()
     cuda = torch.cuda.is_available()
     try:

@@ -38,6 +38,7 @@ from bcg_diffusion.benchmarks.report import environment, output_base, write_repo
 from bcg_diffusion.benchmarks.timing import (
     AUTO_ROUND_S, DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP, MIN_AUTO_ITERS, Clock, auto_iters)
 from bcg_diffusion.cli.cache_option import CACHE_HELP, parse_cache
+from bcg_diffusion.cli.options import quiet_known_messages
 
 #: What the ``--processes`` children run: this file itself (``python <file> ...``, or torchrun of it), which
 #: is why this module imports absolutely (it runs as a file as well as ``bcg_diffusion.benchmarks.bench_step``).
@@ -255,6 +256,7 @@ def main_processes(opts, argv: list[str], cases) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_known_messages()
     parser = build_parser()
     cuda = torch.cuda.is_available()
     try:

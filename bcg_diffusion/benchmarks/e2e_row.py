@@ -62,7 +62,8 @@ def run_e2e(pipe, call: dict[str, Any], seed: int, clock: Clock, log, *, case=No
         res["bcg_stats"] = {k: getattr(stats, k, None) for k in E2E_STATS_FIELDS} if stats.active else None
         if not clock.cuda:
             res["note"] = "no CUDA: accelerate_pipeline is a no-op, so the BCG calls ran eagerly"
-        log(f"    e2e bcg: first call {res['bcg_first_s']:.2f} s (with capture), second {res['bcg_second_s']:.2f} s, "
+        first = "with capture" if clock.cuda else "eager: no CUDA, nothing is captured"
+        log(f"    e2e bcg: first call {res['bcg_first_s']:.2f} s ({first}), second {res['bcg_second_s']:.2f} s, "
             f"identical to eager: {res['bitwise_equal_to_eager']}")
     except Exception as exc:  # noqa: BLE001 - the eager time is still worth reporting
         res["bcg_error"] = f"{type(exc).__name__}: {exc}"

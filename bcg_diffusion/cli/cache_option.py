@@ -11,9 +11,10 @@ computed and reused (:func:`cache_passes`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from bcg_diffusion import CachePasses, count_cache_passes
+if TYPE_CHECKING:  # imported where used: the parsers read CACHE_HELP before torch is imported
+    from bcg_diffusion import CachePasses
 
 CACHE_NAMES = ("fbc", "taylorseer", "magcache", "pab", "fastercache")
 # cache-dit's caches (the cache-dit extra): on the whole pipeline, through cache_dit.enable_cache
@@ -302,6 +303,8 @@ def cache_passes(transformer: Any, enabled: bool) -> Iterator[CachePasses | None
     """``count_cache_passes(transformer)`` when ``enabled``, else ``None``. Under cache-dit: the
     transformer calls made (``calls``) and those cache-dit computed (``computed``) in the block,
     read from ``cache_dit.summary``."""
+    from bcg_diffusion import CachePasses, count_cache_passes
+
     if not enabled:
         yield None
         return

@@ -17,7 +17,9 @@ Examples::
 Per-step times come from the pipeline's step-end callback (CUDA is synchronised at each time stamp), so
 they cover one whole denoising step: every transformer call of the step plus the scheduler update.
 
-One run, in the order of this module: :func:`main` reads the arguments into a plan
+The command starts in :func:`bcg_diffusion.cli.generate_args.main`, which parses the arguments before torch
+is imported (``--help`` answers at once) and calls :func:`run_command` here (``main`` of this module is the
+same command). One run, in the order of this module: :func:`run_command` reads the arguments into a plan
 (:mod:`.generate_args`, every check before any work), :func:`generate` builds the pipeline, quantizes and
 prepares it (attention backend, context parallelism, compile), :func:`run` makes the timed runs (step cache,
 warm-up, acceleration), then the outputs are compared, written and summarised (:mod:`.generate_report`).
@@ -38,50 +40,66 @@ import bcg_diffusion
 import bcg_pipelines as pipelines
 
 from .cache_option import apply_cache, cache_passes, check_cache_option, reset_cache_state
-from .generate_args import DEFAULT_MODEL, SHAPE_KEYS, Plan, Ranks, build_parser, make_plan
-from .generate_report import SetUp, fmt_size, print_summary
+from . import generate_args
+from .generate_args import (
+    DEFAULT_MODEL,
+    NVLINK_MULTICAST_OFF,
+    SHAPE_KEYS,
+    Plan,
+    Ranks,
+    build_parser,
+    keep_nvlink_multicast_off,
+    make_plan,
+    max_side,
+)
+from .generate_report import SetUp, fmt_size, format_bcg_stats, print_summary
 from .media import save_output
-from .options import Failure
+from .options import Failure, offline_hint
 from .quant_option import apply_quant
 from .speedups import enable_context_parallel, has_cp_plan, quiet_library_warnings, regional_compile, set_attention_backend
 from .timed_run import RunResult, compare_outputs, run_pipeline
 
-__all__ = ["DEFAULT_MODEL", "build_parser", "main", "run_pipeline"]
+__all__ = ["DEFAULT_MODEL", "NVLINK_MULTICAST_OFF", "build_parser", "format_bcg_stats", "keep_nvlink_multicast_off",
+           "main", "run_command", "run_pipeline"]
 
 NO_CUDA_NOTE = "note: BCG needs a CUDA GPU and none is in use here, so everything runs eagerly."
-#: NCCL's NVLink multicast (NVLS) stays off wherever this program starts; set only where the user has not.
-NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    keep_nvlink_multicast_off()
-    parser = build_parser()
+    """The command (``bcg-generate``): :func:`bcg_diffusion.cli.generate_args.main`. Returns the exit code."""
+    return generate_args.main(argv)
+
+
+def run_command(args, parser) -> int:
+    """Parsed arguments to an exit code: ``--list-models``, or the plan (every check, exit code 2) and the run."""
     try:
-        args = parser.parse_args(argv)
         if args.list_models:
             return list_models()
         plan = make_plan(args, parser)
-    except SystemExit as exc:  # --help (0) or a bad argument (2)
+    except SystemExit as exc:  # a bad argument (2)
         return int(exc.code or 0)
     return generate(plan, args) if plan.ranks is None else generate_on_ranks(plan, args)
 
 
-def keep_nvlink_multicast_off() -> None:
-    """NCCL's NVLink multicast off (docs/multi-gpu.md, "NVLink multicast must stay off"): each variable is set
-    where the user has not set it."""
-    for name, value in NVLINK_MULTICAST_OFF.items():
-        os.environ.setdefault(name, value)
+def size_text(width: int, height: int, frames: int | None = None) -> str:
+    """``WxH`` (width first, as ``--warmup``, the summary and serve.py write sizes), ``, F frames`` for videos."""
+    return f"{width}x{height}" + (f", {frames} frames" if frames else "")
 
 
 def list_models() -> int:
-    def shape(sz):
-        return f"{sz.height}x{sz.width}" + (f"x{sz.num_frames}f" if sz.num_frames else "")
-
-    print(f"{'family':<14} {'title':<28} {'kind':<6} {'CFG':<10} {'tiny':<14} full")
+    """The families: kind, CFG mode, the default size of each model size (width x height) and the largest side
+    ``--height``/``--width`` take."""
+    rows = [("family", "title", "kind", "CFG", "tiny (WxH)", "full (WxH)", "max side px")]
     for name in pipelines.list_families():
         spec = pipelines.get_family(name)
-        print(f"{name:<14} {spec.title:<28} {'video' if spec.is_video else 'image':<6} {spec.cfg_mode:<10} "
-              f"{shape(spec.tiny):<14} {shape(spec.full)}")
+        rows.append((name, spec.title, "video" if spec.is_video else "image", spec.cfg_mode,
+                     size_text(spec.tiny.width, spec.tiny.height, spec.tiny.num_frames),
+                     size_text(spec.full.width, spec.full.height, spec.full.num_frames), str(max_side(spec))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print("Sizes are width x height in pixels, as --warmup, serve.py and the OpenAI images API take them; "
+          "pass them as --width W --height H.")
     return 0
 
 
@@ -118,6 +136,9 @@ def generate(plan: Plan, args) -> int:
     err = plan.error_prefix
     if not plan.cuda:
         print(NO_CUDA_NOTE if plan.use_bcg else "note: running eagerly on the CPU (BCG needs a CUDA GPU).")
+    if plan.is_rank0:
+        for note in plan.notes:
+            print(note)
     try:
         compile_cache = open_compile_cache(plan, args)
     except Failure as failure:
@@ -128,7 +149,9 @@ def generate(plan: Plan, args) -> int:
     try:
         pipe = build(plan, args)
     except Exception as exc:  # noqa: BLE001 - a failed build is reported, not a traceback
-        print(f"{err}error: could not build {plan.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        hint = None if plan.is_family else offline_hint(plan.model, exc)
+        print(f"{err}error: {hint}" if hint else f"{err}error: could not build {plan.model}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return 1
     build_s = time.perf_counter() - t0
     try:
@@ -148,12 +171,19 @@ def generate(plan: Plan, args) -> int:
         print(f"{err}{saved}", file=sys.stderr)
     if not plan.is_rank0:
         return code
-    written = save_output(results[0].output, plan.out, plan.is_video, args.fps)
-    if args.compare:
-        written += save_output(results[1].output, plan.out, plan.is_video, args.fps, tag="_bcg")
+    write_notes: list[str] = []
+    try:
+        written = save_output(results[0].output, plan.out, plan.is_video, args.fps, notes=write_notes)
+        if args.compare:
+            written += save_output(results[1].output, plan.out, plan.is_video, args.fps, tag="_bcg", notes=write_notes)
+    except OSError as exc:
+        print(f"{err}error: writing {plan.out} failed: {exc}", file=sys.stderr)
+        return 1
     print_summary(pipe, plan, args, call, results, setup, verdict, build_s, compile_cache)
     if saved and not code:
         print(saved)
+    for note in write_notes:
+        print(note)
     for path in written:
         print(f"wrote {path}")
     return code

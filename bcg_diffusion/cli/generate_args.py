@@ -1,32 +1,33 @@
-"""The command line of ``bcg-generate`` (``python scripts/generate.py``): the parser, and the arguments
-checked into a :class:`Plan` before anything is built.
+"""The command line of ``bcg-generate`` (``python scripts/generate.py``): the parser, the arguments checked
+into a :class:`Plan` before anything is built, and :func:`main`, where the command starts.
 
-Every check that can be made before the build runs in :func:`make_plan` and ends in ``parser.error``
-(exit code 2) naming the first thing to fix. What only a loaded checkpoint can tell (its family, its
-transformer, whether its pipeline bins resolutions) is checked by :mod:`.generate` once it is loaded.
+:func:`main` parses the arguments before torch, diffusers or ``bcg_pipelines`` are imported (this module and
+what it imports at its top are light), so ``--help`` and a mistyped option answer at once; it then hands
+over to :mod:`.generate`, the run. Every check that can be made before the build runs in :func:`make_plan`
+and ends in ``parser.error`` (exit code 2) naming the first thing to fix. What only a loaded checkpoint can
+tell (its family, its transformer, whether its pipeline bins resolutions) is checked by :mod:`.generate`
+once it is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from .cache_option import CACHE_HELP
+from .choices import CP_MODES, MAX_SIDE_FACTOR, MIN_MAX_SIDE
+from .media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
+from .options import add_model_options, choose_device, family_or_checkpoint, quiet_known_messages
+from .quant_option import QUANT_HELP, QUANT_NAMES, device_problem, torchao_problem
 
-import bcg_pipelines as pipelines
-
-from .cache_option import CACHE_HELP, check_cache_option
-from .media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, why_not_writable
-from .options import add_model_options, choose_device, family_or_checkpoint
-from .quant_option import QUANT_HELP, QUANT_NAMES, torchao_problem
-from .speedups import CP_MODES, attention_backend_names, has_cp_plan
-
-__all__ = ["DEFAULT_MODEL", "SHAPE_KEYS", "Plan", "Ranks", "build_parser", "make_plan"]
+__all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "SHAPE_KEYS", "Plan", "Ranks", "build_parser", "main", "make_plan",
+           "max_side"]
 
 DEFAULT_MODEL = "flux"  # the tiny Flux pipeline builds and runs fastest on a CPU (a few seconds)
 DEFAULT_PROMPT = "a red fox resting in a snowy birch forest at golden hour, soft light, highly detailed"
@@ -34,6 +35,31 @@ DEFAULT_OUT_DIR = Path("outputs")
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
 SHAPE_KEYS = ("height", "width", "num_frames")  # the call settings bcg_diffusion.warmup takes per shape
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+GUIDANCE_LIMIT = 1e4  # --guidance in 0 .. GUIDANCE_LIMIT, as serve.py's guidance_scale
+#: NCCL's NVLink multicast (NVLS) stays off wherever this program starts; set only where the user has not.
+NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: parse (``--help`` and option typos answer before torch is imported), then run
+    (:func:`bcg_diffusion.cli.generate.run_command`). Returns the exit code."""
+    keep_nvlink_multicast_off()
+    quiet_known_messages()
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a bad argument (2)
+        return int(exc.code or 0)
+    from . import generate  # torch, diffusers and the pipelines: only once there is something to run
+
+    return generate.run_command(args, parser)
+
+
+def keep_nvlink_multicast_off() -> None:
+    """NCCL's NVLink multicast off (docs/multi-gpu.md, "NVLink multicast must stay off"): each variable is set
+    where the user has not set it."""
+    for name, value in NVLINK_MULTICAST_OFF.items():
+        os.environ.setdefault(name, value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,11 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("generation")
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt")
     g.add_argument("--negative-prompt", default=None, help="negative prompt (used by CFG families)")
-    g.add_argument("--height", type=int, default=None, help="image height in pixels (default: the family's for --size)")
-    g.add_argument("--width", type=int, default=None, help="image width in pixels (default: the family's for --size)")
+    g.add_argument("--height", type=int, default=None,
+                   help="image height in pixels (default: the family's for --size; at most 4x the largest side of the "
+                   "family's published size, and at least 4096: --list-models prints it)")
+    g.add_argument("--width", type=int, default=None, help="image width in pixels (default and limit: as --height)")
     g.add_argument("--frames", type=int, default=None, help="number of frames (video families only)")
     g.add_argument("--steps", type=int, default=None, help="denoising steps (default: the family's)")
-    g.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the family's)")
+    g.add_argument("--guidance", type=float, default=None,
+                   help=f"guidance scale, 0 .. {GUIDANCE_LIMIT:.0f} (default: the family's)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the initial noise, 0 <= seed < 2**64 (default: 0)")
     g.add_argument("--batch", type=int, default=1, help="images or videos per prompt (default: 1)")
     g.add_argument("--no-resolution-binning", action="store_true",
@@ -89,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "and prints the summary")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=None,
-                   help="output file: .png/.jpg/.webp for images, .mp4 or .gif for videos (MP4 needs imageio + "
-                   "imageio-ffmpeg or opencv; otherwise a GIF is written). Default: outputs/<model>_<size>_seed<seed>.png")
+                   help="output file: .png/.jpg/.webp for images, .mp4 or .gif for videos. MP4 needs imageio + "
+                   "imageio-ffmpeg (pip install -e \".[video]\") or opencv; without them x.mp4 is written as the GIF "
+                   "x.gif, and the command says so before it starts. A missing folder is created (the command says "
+                   "so). Default: outputs/<model>_<size>_seed<seed>.png (.mp4 or .gif for videos)")
     g.add_argument("--fps", type=int, default=16, help="frames per second of a saved video (default: 16)")
     return p
 
@@ -117,14 +148,15 @@ class Plan:
     spec: Any  # FamilySpec, or None (real weights of a family not known yet)
     is_family: bool
     model_size: str  # --size of a family (tiny, full); "checkpoint" for real weights (not the image size)
-    device: torch.device
-    dtype: torch.dtype
+    device: torch.device  # noqa: F821
+    dtype: torch.dtype  # noqa: F821 - torch is imported where a plan is made (make_plan)
     call: dict[str, Any]
     out: Path
     is_video: bool
     use_bcg: bool
     warmup: list[dict[str, int]] | None = None
     ranks: Ranks | None = None
+    notes: list[str] = field(default_factory=list)  # said before the build (the file --out becomes, a new folder)
 
     @property
     def cuda(self) -> bool:
@@ -141,8 +173,11 @@ class Plan:
 
 def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     """Validate the arguments (``parser.error`` -> exit 2) and work out the pipeline call, before any work."""
+    import bcg_pipelines as pipelines
+
     check_arguments(args, parser)
     spec = family_or_checkpoint(args.model, parser)
+    check_sides(args, spec, parser)
     ranks = None
     if args.cp is not None:  # the launch, then the family, then the GPUs: each error says the first thing to fix
         ranks = torchrun_ranks(args.cp, parser)
@@ -162,11 +197,13 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
             parser.error(f"--compile-cache {str(args.compile_cache)!r} is a file; give a folder (it is created if "
                          "missing)")
     if args.cache is not None:
+        from .cache_option import check_cache_option
+
         try:  # a checkpoint's family is known after loading: checked again then
             check_cache_option(args.cache, spec.name if spec is not None else None)
         except ValueError as exc:
             parser.error(f"--cache: {exc}")
-    if args.quant is not None and (problem := torchao_problem()):
+    if args.quant is not None and (problem := torchao_problem() or device_problem(args.quant, device)):
         parser.error(f"--quant {args.quant}: {problem}")
     model_size = args.size if spec is not None else "checkpoint"
     try:
@@ -177,27 +214,60 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
         parser.error(str(exc))
     is_video = spec.is_video if spec is not None else (args.frames or 1) > 1
     model_name = args.model if spec is not None else Path(args.model).name
-    out = output_path(args, parser, model_name, model_size, is_video)
+    out, notes = output_path(args, parser, model_name, model_size, is_video)
     if spec is not None and model_size == "full" and device.type != "cuda" and not args.yes:
         check_full_size_on_cpu(spec, dtype, parser)
     use_bcg = args.bcg or args.debug_cuda_graph or args.compare
     warmup = None
     if args.warmup is not None:
         warmup = parse_warmup_sizes(args.warmup, spec, model_size, call, is_video, parser)
-    return Plan(args.model, spec, spec is not None, model_size, device, dtype, call, out, is_video, use_bcg, warmup, ranks)
+    return Plan(args.model, spec, spec is not None, model_size, device, dtype, call, out, is_video, use_bcg, warmup, ranks,
+                notes)
 
 
 def check_arguments(args, parser: argparse.ArgumentParser) -> None:
-    """``parser.error`` (exit 2) for numbers out of range and unknown attention backends."""
+    """``parser.error`` (exit 2) for numbers out of range and attention backends that are unknown or cannot run
+    here (diffusers' own check: e.g. ``flash`` without the flash-attn package)."""
     for name in ("steps", "batch", "height", "width", "frames", "fps"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1 (got {value})")
+    if args.guidance is not None and not (math.isfinite(args.guidance) and 0 <= args.guidance <= GUIDANCE_LIMIT):
+        parser.error(f"--guidance must be a number in 0 .. {GUIDANCE_LIMIT:.0f} (got {args.guidance})")
     if not 0 <= args.seed < SEED_LIMIT:
         parser.error(f"--seed must be in 0 .. 2**64 - 1 (got {args.seed})")
-    if args.attention_backend is not None and args.attention_backend.lower() not in attention_backend_names():
-        parser.error(f"--attention-backend {args.attention_backend!r} is not a diffusers backend; "
-                     f"choose one of: {', '.join(attention_backend_names())}")
+    if args.attention_backend is not None:
+        from .speedups import attention_backend_names, attention_backend_problem  # diffusers
+
+        name = args.attention_backend.lower()
+        if name not in attention_backend_names():
+            parser.error(f"--attention-backend {args.attention_backend!r} is not a diffusers backend; "
+                         f"choose one of: {', '.join(attention_backend_names())}")
+        problem = attention_backend_problem(name)
+        if problem:
+            parser.error(f"--attention-backend {args.attention_backend}: {problem}")
+
+
+def max_side(spec) -> int:
+    """The largest ``--height``/``--width`` for a family (``None``: a checkpoint of no known family):
+    :data:`~.choices.MAX_SIDE_FACTOR` x the largest side of its published size, at least
+    :data:`~.choices.MIN_MAX_SIDE`, a multiple of its pixel granularity."""
+    if spec is None:
+        return MIN_MAX_SIDE
+    largest = MAX_SIDE_FACTOR * max(spec.full.height, spec.full.width)
+    return max(MIN_MAX_SIDE, largest - largest % spec.spatial_multiple)
+
+
+def check_sides(args, spec, parser: argparse.ArgumentParser) -> None:
+    """``--height``/``--width`` above :func:`max_side`: ``parser.error`` (such a run would take hours and tens of
+    GiB, and the models were trained far below it)."""
+    limit = max_side(spec)
+    for name in ("height", "width"):
+        value = getattr(args, name)
+        if value is not None and value > limit:
+            parser.error(f"--{name} {value} is above the limit of {limit} px for "
+                         f"{spec.name if spec is not None else 'a checkpoint'} (4x the largest side of the published "
+                         "size, at least 4096 px; --list-models prints each family's)")
 
 
 def torchrun_ranks(mode: str, parser: argparse.ArgumentParser) -> Ranks:
@@ -223,6 +293,10 @@ def check_cp_plan(spec, mode: str, parser: argparse.ArgumentParser) -> None:
     """``--cp`` on a family whose transformer diffusers cannot split: ``parser.error`` naming the ones it can."""
     import diffusers
 
+    import bcg_pipelines as pipelines
+
+    from .speedups import has_cp_plan
+
     def splittable(family) -> bool:
         return has_cp_plan(getattr(diffusers, family.transformer_class_name))
 
@@ -232,8 +306,9 @@ def check_cp_plan(spec, mode: str, parser: argparse.ArgumentParser) -> None:
                      f"split it over GPUs; families that have one: {', '.join(can)}")
 
 
-def cp_device(ranks: Ranks, args, parser: argparse.ArgumentParser) -> torch.device:
+def cp_device(ranks: Ranks, args, parser: argparse.ArgumentParser):
     """``cuda:LOCAL_RANK``, after checking that there is such a GPU and no other ``--device`` was asked for."""
+    import torch
     if args.device not in (None, "cuda"):
         parser.error(f"--cp {ranks.mode} puts rank r on cuda:LOCAL_RANK; leave out --device {args.device}")
     if not torch.cuda.is_available():
@@ -254,25 +329,39 @@ def check_binning_flag(spec, parser: argparse.ArgumentParser) -> None:
                      "takes no use_resolution_binning), so it already runs the asked size; leave the flag out")
 
 
-def output_path(args, parser, model_name: str, model_size: str, is_video: bool) -> Path:
-    """``--out`` checked for its suffix and that it can be written, or the default path."""
+def output_path(args, parser, model_name: str, model_size: str, is_video: bool) -> tuple[Path, list[str]]:
+    """``--out`` checked for its suffix and that it can be written (or the default path), and the notes to print
+    before the build: the GIF an MP4 becomes without an MP4 writer, a folder that will be created."""
     if args.out is None:
         suffix = (".mp4" if can_write_mp4() else ".gif") if is_video else ".png"
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-.") or "model"
         size_tag = model_size if model_size != "checkpoint" else "weights"
-        return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}"
+        return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}", []
     allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
+    if args.out.is_dir() or str(args.out).endswith(("/", os.sep)):
+        example = args.out / f"{model_name}.{'gif' if is_video else 'png'}"
+        parser.error(f"--out {str(args.out)!r} cannot be written: it is a folder; give a file in it, e.g. --out "
+                     f"{example}")
     if args.out.suffix.lower() not in allowed:
         kind = "a video" if is_video else "an image"
         parser.error(f"--out {str(args.out)!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")
-    problem = why_not_writable(args.out)
+    out, note = video_target(args.out) if is_video else (args.out, None)
+    notes = [note] if note else []
+    problem = why_not_writable(out)
     if problem:
         parser.error(f"--out {str(args.out)!r} cannot be written: {problem}")
-    return args.out
+    folder = missing_folder(out)
+    if folder is not None:
+        notes.append(f"note: --out {args.out}: the folder {folder} does not exist; it is created when the output is "
+                     "written")
+    return out, notes
 
 
-def check_full_size_on_cpu(spec, dtype: torch.dtype, parser: argparse.ArgumentParser) -> None:
+def check_full_size_on_cpu(spec, dtype, parser: argparse.ArgumentParser) -> None:
     """``parser.error`` with the memory a full-size build needs (from the family's parameter counts)."""
+    import torch
+
+    import bcg_pipelines as pipelines
     d = pipelines.describe(spec, "full")
     params = d.transformer_params + sum(te[3] for te in d.text_encoders)
     gib = params * torch.empty((), dtype=dtype).element_size() / 2**30
@@ -286,6 +375,8 @@ def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], i
                        parser: argparse.ArgumentParser) -> list[dict[str, int]]:
     """``--warmup`` as ``bcg_diffusion.warmup`` shapes: ``""`` is the run's own size; else ``WxH[xF],...``
     (width first, as the OpenAI images API and serve.py), each checked as ``--height/--width`` are."""
+    import bcg_pipelines as pipelines
+
     if not text:
         own = {k: call[k] for k in SHAPE_KEYS if k in call}
         if "height" not in own or "width" not in own:
@@ -299,6 +390,8 @@ def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], i
             parser.error(f"--warmup {text!r}: cannot read {part!r}; give sizes as WxH (width x height), e.g. "
                          "512x512,1344x768, or WxHxFRAMES for a video family")
         width, height = int(m[1]), int(m[2])
+        if max(width, height) > max_side(spec):
+            parser.error(f"--warmup {part.strip()}: above the limit of {max_side(spec)} px per side")
         frames = int(m[3]) if m[3] else call.get("num_frames")
         if m[3] and not is_video:
             parser.error(f"--warmup {part.strip()}: {spec.name if spec else 'this model'} makes images; give WxH")

@@ -49,8 +49,6 @@ def print_summary(pipe, plan: Plan, args, call: dict[str, Any], results: list[Ru
     last = results[-1]
     if last.bcg_stats is not None:
         print(format_bcg_stats(last.bcg_stats, indent="    "))
-    elif plan.use_bcg and plan.cuda:
-        print("    BCG: get_stats returned nothing (acceleration not active)")
     if args.compile:
         print(compile_setup_line(setup, results))
     if compile_cache is not None:
@@ -58,13 +56,16 @@ def print_summary(pipe, plan: Plan, args, call: dict[str, Any], results: list[Ru
     if args.compare:
         eager, accel = results
         a, b = eager.steady_median_step, accel.steady_median_step
-        if a and b:
+        active = last.bcg_stats is not None and last.bcg_stats.active
+        if not active:  # two eager runs: their ratio is noise, not a speed-up
+            reason = last.bcg_stats.inactive_reason if last.bcg_stats is not None else None
+            print(f"  per-step speedup: none: BCG is inactive ({reason or 'not accelerated'}) (no speed-up to expect: "
+                  "both runs were eager on this machine)")
+        elif a and b:
             print(f"  per-step speedup (median of steps after the first): {a / b:.2f}x "
                   f"({fmt_ms(a)} {eager.label} -> {fmt_ms(b)} {accel.label})")
         same, detail = verdict
         print(f"  outputs bitwise identical: {'YES' if same else 'NO'} ({detail})")
-        if not plan.cuda:
-            print("  (no speed-up to expect: both runs were eager on this machine)")
 
 
 def size_lines(pipe, plan: Plan, call: dict[str, Any], results: list[RunResult]) -> list[str]:
@@ -118,7 +119,7 @@ def binning_note(pipe, call: dict[str, Any], sizes: list) -> str | None:
 def print_run(result: RunResult, warmed: bool) -> None:
     times = result.step_times
     if times:
-        print(f"  {result.label}: {len(times)} steps, median step {fmt_ms(result.median_step)} "
+        print(f"  {result.label}: {len(times)} step{'s' if len(times) != 1 else ''}, median step {fmt_ms(result.median_step)} "
               f"(first {fmt_ms(times[0])}, later steps median {fmt_ms(result.steady_median_step)}), "
               f"total {result.total_s:.2f} s")
         if warmed:
@@ -144,7 +145,8 @@ def compile_setup_line(setup: SetUp, results: list[RunResult]) -> str:
 
 
 def format_bcg_stats(stats, indent: str = "  ") -> str:
-    """``str(stats)`` of a ``BCGStats`` indented, plus a line on eager fallbacks."""
+    """``str(stats)`` of a ``BCGStats`` indented (one that is not active says so and why), plus a line on eager
+    fallbacks."""
     first, *rest = str(stats).splitlines()
     lines = [f"{indent}BCG: {first}"] + [indent + line for line in rest]
     if stats.eager_calls:

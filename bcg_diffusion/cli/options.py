@@ -1,14 +1,24 @@
 """What ``generate.py`` and ``serve.py`` share on their command lines: the model options, reading ``--model``
-and ``--device``, and :class:`Failure`."""
+and ``--device``, quieting known-harmless library messages, and :class:`Failure`.
+
+Building the options imports nothing heavy (:mod:`.choices`); torch and ``bcg_pipelines`` are imported by the
+checks that need them, after the arguments are parsed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import re
 from pathlib import Path
 
-import torch
+from .choices import DTYPE_NAMES, SIZES
 
-import bcg_pipelines as pipelines
+#: A hub id: ``org/name`` (both parts as the Hugging Face Hub allows them), nothing more.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: The devices the commands run on: CUDA (with BCG) or the CPU (eagerly).
+DEVICE_TYPES = ("cuda", "cpu")
 
 
 class Failure(Exception):
@@ -29,33 +39,134 @@ def add_model_options(p: argparse.ArgumentParser, default_model: str, *, which: 
                    + ("; --list-models shows them" if list_models else "")
                    + f"), or a local pipeline folder / hub id (org/name) for real weights (default: {default_model})"
                    + which)
-    g.add_argument("--size", choices=pipelines.SIZES, default="tiny",
+    g.add_argument("--size", choices=SIZES, default="tiny",
                    help="tiny: a few-layer model for CPUs and tests; full: the published architecture (default: tiny)")
     g.add_argument("--yes", action="store_true", help="build --size full even without CUDA (needs tens of GiB)")
     if list_models:
         g.add_argument("--list-models", action="store_true", help="list the families and exit")
-    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    g.add_argument("--dtype", choices=pipelines.DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    g.add_argument("--device", default=None,
+                   help="cuda, cuda:N or cpu (default: cuda if available, else cpu; BCG needs cuda)")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
     return g
 
 
 def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
-    """The family spec of ``model``, or ``None`` for a local folder or hub id (``parser.error`` otherwise)."""
+    """The family spec of ``model``, or ``None`` for a local pipeline folder or a hub id (``org/name``);
+    ``parser.error`` for an unknown name, a path that does not exist or a folder that holds no pipeline."""
+    import bcg_pipelines as pipelines
+
     if model in pipelines.list_families():
         return pipelines.get_family(model)
-    if Path(model).expanduser().exists() or "/" in model or "\\" in model:
+    families = ", ".join(pipelines.list_families())
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "model_index.json").is_file():
+            parser.error(f"--model {model}: the folder holds no diffusers pipeline (no model_index.json); give the "
+                         "folder that pipe.save_pretrained() or huggingface-cli download wrote")
         return None
-    parser.error(f"--model: unknown family {model!r}; known families: {', '.join(pipelines.list_families())} "
+    if path.exists():
+        parser.error(f"--model {model} is a file; give a pipeline folder (with model_index.json), a hub id such as "
+                     f"org/name, or a family: {families}")
+    if HUB_ID.match(model) and not model.startswith((".", "~")):
+        check_hub_id(model, parser)
+        return None
+    if "/" in model or "\\" in model or model.startswith(("~", ".")):
+        parser.error(f"--model {model}: no such folder; give a local pipeline folder (with model_index.json), a "
+                     f"hub id such as org/name, or a family: {families}")
+    parser.error(f"--model: unknown family {model!r}; known families: {families} "
                  "(or give a local pipeline folder or a hub id such as org/name)")
 
 
-def choose_device(args, parser: argparse.ArgumentParser) -> torch.device:
-    """``--device`` as a ``torch.device``; a name torch cannot read, or CUDA asked where torch sees none, is a
-    usage error (exit code 2)."""
+def hub_offline() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def check_hub_id(model: str, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for a hub id that cannot be loaded without the network while the hub is offline."""
+    if not hub_offline():
+        return  # it may be downloaded; a failure is reported after the attempt (offline_hint)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - diffusers depends on huggingface_hub
+        return
+    if isinstance(try_to_load_from_cache(model, "model_index.json"), str):
+        return
+    parser.error(f"--model {model}: not in the local Hugging Face cache, and the Hub is offline (HF_HUB_OFFLINE is "
+                 f"set). {download_hint(model)}")
+
+
+def download_hint(model: str) -> str:
+    local = f"/path/to/{model.split('/')[-1]}"
+    return (f"Download it where the Hub can be reached (huggingface-cli download {model} --local-dir {local}), copy "
+            f"the folder here and pass --model {local}; or run a family with random weights (--model flux --size "
+            "full)")
+
+
+def offline_hint(model: str, exc: BaseException) -> str | None:
+    """The message of a hub id that could not be loaded (not cached, the Hub unreachable), for a command line:
+    what happened in one sentence and how to pass a folder; ``None`` when ``exc`` is another failure."""
+    text = str(exc)
+    if not HUB_ID.match(model) or Path(model).expanduser().exists() or "could not load pipeline" not in text:
+        return None
+    reason = "the Hub is offline (HF_HUB_OFFLINE is set)" if hub_offline() else "the Hub could not be reached"
+    return (f"could not load {model}: it is not a local folder, not in the local Hugging Face cache, and {reason}. "
+            f"{download_hint(model)}")
+
+
+def choose_device(args, parser: argparse.ArgumentParser):
+    """``--device`` as a ``torch.device``: ``cuda``, ``cuda:N`` (a GPU torch sees) or ``cpu``; anything else is a
+    usage error (exit code 2) in one line, before anything is built."""
+    import torch
+
+    import bcg_pipelines as pipelines
+
     try:
         device = pipelines.resolve_device(args.device)
-    except RuntimeError as exc:
-        parser.error(f"--device {args.device!r}: {exc}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} asks for CUDA, but torch sees no CUDA device")
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a device name torch reads; use cuda, cuda:N or cpu")
+    if device.type not in DEVICE_TYPES:
+        parser.error(f"--device {args.device}: this command runs on cuda (with BCG) or on the cpu (eagerly), not on "
+                     f"{device.type}; use cuda, cuda:N or cpu")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device} asks for CUDA, but torch sees no CUDA device; use --device cpu "
+                         "(everything runs eagerly)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            parser.error(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
     return device
+
+
+# -- known-harmless library messages -----------------------------------------------------------------------
+class _DropMessages(logging.Filter):
+    def __init__(self, *needles: str):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(needle in message for needle in self.needles)
+
+
+#: Messages libraries log on every run of the commands that say nothing the user can act on, by the logger that
+#: logs them. transformers: importing diffusers' pipelines (Flux, SD3, ...) imports transformers' image
+#: processors, which fall back to their PIL versions without torchvision; the commands never use them (they
+#: are for IP-adapter images). With torchao (the quant extra) installed: torchao registers its Enum types
+#: with torch's pytree at import, which torch 2.14 calls deprecated, and diffusers' torchao quantizer misses
+#: tensor classes that torchao 0.18 moved (they matter only to loading checkpoints saved quantized by torchao;
+#: --quant quantizes after the build).
+QUIET_MESSAGES = {
+    "transformers.utils.import_utils": ("requires torchvision (not installed); falling back to",),
+    "torch.utils._pytree": ("is an Enum subclass and is now natively supported by torch.compile",),
+    "diffusers.quantizers.torchao.torchao_quantizer": ("Unable to import `torchao` Tensor objects",),
+}
+
+
+def quiet_known_messages() -> None:
+    """Drop :data:`QUIET_MESSAGES` (a filter on each logger; every other message of those loggers still shows).
+    Call it before torch and diffusers are imported; calling it again adds nothing."""
+    for name, needles in QUIET_MESSAGES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(*needles))

@@ -70,6 +70,27 @@ def torchao_problem() -> str | None:
     return None
 
 
+#: The configs whose kernels need float8 tensor cores (CUDA compute capability 8.9 or newer: Ada, Hopper).
+FLOAT8_NAMES = ("fp8", "fp8wo")
+
+
+def device_problem(name: str, device) -> str | None:
+    """Why ``--quant name`` cannot run on ``device`` (a ``torch.device``), or ``None``: torchao's float8 configs
+    need a CUDA GPU of compute capability 8.9 or newer (torchao asserts it inside ``quantize_``)."""
+    if name not in FLOAT8_NAMES:
+        return None
+    if device.type != "cuda":
+        return (f"{name} runs torchao's float8 kernels, which need a CUDA GPU of compute capability 8.9 or newer "
+                f"(Ada, Hopper); on {device.type} use int8wo or int8")
+    import torch
+
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        return (f"{name} needs compute capability 8.9 or newer (float8 tensor cores); this GPU has "
+                f"{capability[0]}.{capability[1]}: use int8wo or int8")
+    return None
+
+
 def torchao_version() -> str:
     try:
         return metadata.version("torchao")

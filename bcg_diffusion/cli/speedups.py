@@ -9,9 +9,12 @@ import warnings
 
 import torch
 
+from .choices import CP_MODES  # ``--cp`` values (ulysses_degree, ring_degree); the parser reads them from .choices
+
 __all__ = [
     "CP_MODES",
     "attention_backend_names",
+    "attention_backend_problem",
     "compile_leftover_children",
     "enable_context_parallel",
     "has_cp_plan",
@@ -21,9 +24,6 @@ __all__ = [
     "regional_compile_all",
     "set_attention_backend",
 ]
-
-#: ``--cp`` values: the ``ContextParallelConfig`` degree each one sets (``ulysses_degree``, ``ring_degree``).
-CP_MODES = ("ulysses", "ring")
 
 
 @contextlib.contextmanager
@@ -129,6 +129,21 @@ def attention_backend_names() -> list[str]:
     from diffusers.models.attention_dispatch import AttentionBackendName
 
     return [b.value for b in AttentionBackendName]
+
+
+def attention_backend_problem(name: str) -> str | None:
+    """Why diffusers cannot run attention backend ``name`` here (the package it needs is missing or too old),
+    from diffusers' own requirement check (the one ``set_attention_backend`` runs), or ``None``."""
+    from diffusers.models import attention_dispatch
+
+    check = getattr(attention_dispatch, "_check_attention_backend_requirements", None)
+    if check is None:  # another diffusers: set_attention_backend says it after the build
+        return None
+    try:
+        check(attention_dispatch.AttentionBackendName(name))
+    except (RuntimeError, ImportError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def set_attention_backend(transformer, name: str) -> str:

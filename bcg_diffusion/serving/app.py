@@ -1,14 +1,21 @@
 """The FastAPI application: ``POST /v1/images/generations``, ``GET /stats``, ``GET /health``.
 
 Errors are answered in the OpenAI format ``{"error": {"message", "type", "param", "code"}}``:
-400 ``invalid_request_error`` for a bad request (checked before any pipeline work), 503 ``server_busy``
-when the queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500
-``server_error`` when it failed otherwise. After a 5xx the worker goes on with the next request.
+400 ``invalid_request_error`` for a bad request (checked before any pipeline work), 413 for a body above
+the limit, 401 (code ``invalid_api_key``) without the server's API key, 503 ``server_busy`` when the
+queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500 ``server_error`` when it
+failed otherwise. After a 5xx the worker goes on with the next request.
+
+With an API key (``ServerState.api_key``) every route but ``/health`` needs ``Authorization: Bearer <key>``,
+compared in constant time (``hmac.compare_digest``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,20 +29,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import bcg_diffusion
 
 from .png import encode_png_b64
-from .requests import GenerationJob, RequestError, RequestPlanner
+from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large
 from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_memory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GENERATIONS_PATH", "ServerState", "create_app", "gpu_memory"]
+__all__ = ["GENERATIONS_PATH", "OPEN_PATHS", "ServerState", "authorized", "create_app", "gpu_memory", "read_body"]
 
 GENERATIONS_PATH = "/v1/images/generations"
+#: Routes that answer without the API key (a load balancer's health check has none).
+OPEN_PATHS = ("/health",)
 
 
 @dataclass
 class ServerState:
     """Everything the routes use. ``info`` describes the server (model, options, warm-up) for ``/stats``;
-    ``max_queue`` bounds the requests waiting or running (more get a 503)."""
+    ``max_queue`` bounds the requests waiting or running (more get a 503); ``api_key``, when set, is
+    required on every route but :data:`OPEN_PATHS` (a 401 otherwise)."""
 
     planner: RequestPlanner
     worker: PipelineWorker
@@ -44,6 +54,7 @@ class ServerState:
     info: dict[str, Any]
     max_queue: int
     started: float = field(default_factory=time.time)
+    api_key: str | None = None
 
 
 def gpu_memory(device: torch.device) -> dict[str, int] | None:
@@ -55,8 +66,52 @@ def gpu_memory(device: torch.device) -> dict[str, int] | None:
             "max_allocated_bytes": torch.cuda.max_memory_allocated(device)}
 
 
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error message that quotes what a client sent (which may
+    hold text UTF-8 cannot encode) always renders."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return _AsciiJSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def authorized(header: str | None, key: str) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <key>``; the key is compared in constant time."""
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given_digest = hashlib.sha256(given.strip().encode("latin-1", "replace")).digest()
+    return hmac.compare_digest(given_digest, hashlib.sha256(key.encode("utf-8")).digest())  # no length leaked either
+
+
+def _unauthorized(header: str | None) -> JSONResponse:
+    if not header:
+        message = ("this server requires an API key: send the header 'Authorization: Bearer <key>' (the OpenAI "
+                   "client sends its api_key so)")
+    else:
+        message = "the API key in the Authorization header is not this server's (expected 'Bearer <key>')"
+    return error_response(RequestError(message, status=401, code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read up to ``limit`` bytes: a larger one (by its Content-Length, or as it streams in)
+    is a 413 before the rest is read."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise RequestError(f"the Content-Length header {length!r} is not a number of bytes")
+        if int(length) > limit:
+            raise body_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _pipeline_error(exc: BaseException, job: GenerationJob) -> RequestError:
@@ -71,6 +126,18 @@ def create_app(state: ServerState) -> FastAPI:
     """The application around one pipeline; its pipeline work goes through ``state.worker``."""
     app = FastAPI(title="bcg-diffusion image server", version=bcg_diffusion.__version__,
                   summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)")
+
+    if state.api_key is not None:
+        @app.middleware("http")
+        async def require_api_key(request: Request, call_next):
+            if request.url.path in OPEN_PATHS:
+                return await call_next(request)
+            header = request.headers.get("authorization")
+            if not authorized(header, state.api_key):
+                logger.info("401 %s %s: %s", request.method, request.url.path,
+                            "no Authorization header" if not header else "wrong API key")
+                return _unauthorized(header)
+            return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
@@ -94,7 +161,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def _generate(request: Request) -> JSONResponse:
         try:
-            job = state.planner.parse(await request.body())
+            job = state.planner.parse(await read_body(request, state.planner.limits.max_body_bytes))
         except RequestError as error:
             logger.info("rejected (%d): %s", error.status, error.message)
             return error_response(error)

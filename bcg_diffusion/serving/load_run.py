@@ -7,6 +7,7 @@ count and the time limit, and every request by its own timeout.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ __all__ = ["ALLOWED_HOST", "Outcome", "ServerRun", "check_loopback", "get_stats"
 ALLOWED_HOST = "127.0.0.1"
 GENERATIONS_PATH = "/v1/images/generations"
 STATS_TIMEOUT_S = 10.0
+#: The API key every request carries (``Authorization: Bearer``) when set: serve.py's variable.
+API_KEY_VARIABLE = "BCG_API_KEY"
 
 
 def check_loopback(url: str) -> str:
@@ -37,8 +40,11 @@ def check_loopback(url: str) -> str:
 
 
 def client(url: str, timeout_s: float) -> httpx.Client:
-    """An HTTP client for ``url`` that ignores proxy settings (traffic stays on this machine)."""
-    return httpx.Client(base_url=check_loopback(url), timeout=timeout_s, trust_env=False)
+    """An HTTP client for ``url`` that ignores proxy settings (traffic stays on this machine) and sends the API
+    key of :data:`API_KEY_VARIABLE`, if set."""
+    key = os.environ.get(API_KEY_VARIABLE)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    return httpx.Client(base_url=check_loopback(url), timeout=timeout_s, trust_env=False, headers=headers)
 
 
 def get_stats(url: str) -> dict[str, Any]:

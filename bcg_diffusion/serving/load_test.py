@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spawn", action="append", default=[], metavar="ARGS",
                    help="start 'scripts/serve.py ARGS --host 127.0.0.1 --port 0' for the run and stop it after; "
                    "twice for two servers")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="send 'Authorization: Bearer KEY' (servers started with serve.py --api-key); default: the "
+                   "environment variable BCG_API_KEY. Servers of --spawn get the same key")
     g.add_argument("--labels", default=None, metavar="A[,B]",
                    help="names of the servers in the report (default: eager/bcg[+compile] from their /stats)")
     g = p.add_argument_group("load")
@@ -123,6 +127,7 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
     if not 0 <= args.memory_tolerance:
         parser.error("--memory-tolerance must be >= 0")
+    args.sizes = ",".join(size.strip() for size in args.sizes.split(","))
     for size in args.sizes.split(","):
         try:
             parse_size(size, param="--sizes")
@@ -224,6 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         check_arguments(args, parser)
     except SystemExit as exc:
         return int(exc.code or 0)
+    key_before = os.environ.get("BCG_API_KEY")
+    if args.api_key:  # read by every client (load_run.client) and by the servers --spawn starts
+        os.environ["BCG_API_KEY"] = args.api_key
+    try:
+        return run_and_report(args)
+    finally:
+        if key_before is None:
+            os.environ.pop("BCG_API_KEY", None)
+        else:
+            os.environ["BCG_API_KEY"] = key_before
+
+
+def run_and_report(args) -> int:
     spec = mix_spec(args)
     bodies = build_mix(spec, args.requests)
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -1,7 +1,9 @@
 """The body of ``POST /v1/images/generations``, its validation, and the pipeline call it becomes.
 
 Everything here runs before any pipeline work: a request that fails a check raises
-:class:`RequestError` (a 4xx in the OpenAI error format) and never reaches the worker.
+:class:`RequestError` (a 4xx in the OpenAI error format) and never reaches the worker. The body is
+checked as bytes (size), as JSON (syntax, nesting depth, text that is not valid Unicode), as fields
+(types, unknown names) and as values (limits); what passes is a :class:`GenerationJob`.
 """
 
 from __future__ import annotations
@@ -17,33 +19,49 @@ import bcg_pipelines as pipelines
 from bcg_pipelines.calls import BATCH_KWARGS
 
 __all__ = [
+    "MAX_BODY_BYTES",
+    "QUALITIES",
+    "STYLES",
     "GenerationJob",
     "ImageRequest",
     "RequestError",
     "RequestLimits",
     "RequestPlanner",
+    "body_too_large",
     "parse_size",
 ]
 
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
-SIZE_PATTERN = re.compile(r"^([0-9]+)[xX]([0-9]+)$")
+#: ``WIDTHxHEIGHT``: whole numbers without leading zeros, a lowercase ``x``, nothing around them (as the OpenAI API).
+SIZE_PATTERN = re.compile(r"(0|[1-9][0-9]{0,5})x(0|[1-9][0-9]{0,5})")  # 0 is read, then refused as not positive
 SUPPORTED_RESPONSE_FORMAT = "b64_json"
 SUPPORTED_OUTPUT_FORMAT = "png"
+#: The OpenAI client's ``quality`` and ``style``: accepted and validated, with no effect on the image (the
+#: steps and guidance are ``num_inference_steps`` and ``guidance_scale``).
+QUALITIES = ("auto", "standard", "hd", "low", "medium", "high")
+STYLES = ("vivid", "natural")
+#: Largest request body in bytes (a 413 above): two texts of 4,000 characters, each escaped as \uXXXX, fit 20x.
+MAX_BODY_BYTES = 1 << 20
+#: Deepest JSON nesting a body may have (the fields are scalars: 1 is the object itself).
+MAX_JSON_DEPTH = 16
+#: Longest ``model`` and ``user`` (texts that are accepted and ignored).
+MAX_NAME_CHARS = 256
 
 
 class RequestError(Exception):
     """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
 
     def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None):
+                 param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type
         self.param = param
+        self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class ImageRequest(BaseModel):
@@ -51,7 +69,9 @@ class ImageRequest(BaseModel):
 
     Types are strict (``"2"`` is not an integer, ``true`` is not a number) and unknown fields are refused,
     so a misspelt ``num_inference_step`` fails instead of being ignored. ``model`` and ``user`` are accepted
-    and ignored (clients send them); ``null`` means the default for every optional field.
+    and ignored (clients send them), ``quality`` and ``style`` (the OpenAI client's) are checked against
+    their OpenAI values and ignored; ``null`` means the default for every optional field but ``size``
+    (leave it out for the default).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -65,6 +85,8 @@ class ImageRequest(BaseModel):
     guidance_scale: float | None = None
     seed: int | None = None
     negative_prompt: str | None = None
+    quality: str | None = None
+    style: str | None = None
     model: str | None = None
     user: str | None = None
 
@@ -75,7 +97,8 @@ class RequestLimits:
 
     ``granularity``: height and width must be positive multiples of it; ``max_pixels``: height x width
     at most; ``max_steps``: ``num_inference_steps`` in 1 .. max_steps; ``max_n``: images per request in
-    1 .. max_n (1 where the pipeline has no images-per-prompt argument); ``max_prompt_chars``: prompt length.
+    1 .. max_n (1 where the pipeline has no images-per-prompt argument); ``max_prompt_chars``: the length of
+    ``prompt`` and of ``negative_prompt``; ``max_body_bytes``: the request body (a 413 above).
     """
 
     granularity: int
@@ -83,6 +106,7 @@ class RequestLimits:
     max_steps: int
     max_n: int
     max_prompt_chars: int = 4000
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -105,26 +129,65 @@ class GenerationJob:
 
 
 def parse_size(text: str, *, param: str = "size") -> tuple[int, int]:
-    """``"WxH"`` (width first, as in the OpenAI API) -> ``(width, height)``; :class:`RequestError` otherwise."""
-    match = SIZE_PATTERN.match(text.strip()) if isinstance(text, str) else None
+    """``"WxH"`` (width first, as in the OpenAI API) -> ``(width, height)``; :class:`RequestError` otherwise.
+    Strict: a lowercase ``x``, no spaces, no sign, no leading zeros (``"256X256"``, ``" 256x256"`` and
+    ``"0256x0256"`` are refused, as a size written another way is probably not what was meant)."""
+    match = SIZE_PATTERN.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise RequestError(f"{param} {text!r} is not WIDTHxHEIGHT in pixels, e.g. '512x512'", param=param)
+        raise RequestError(f"{param} {text!r} is not WIDTHxHEIGHT in pixels: two whole numbers without leading "
+                           "zeros joined by a lowercase x, nothing around them, e.g. '512x512'", param=param)
     return int(match.group(1)), int(match.group(2))
+
+
+def body_too_large(limit: int) -> RequestError:
+    return RequestError(f"the request body is larger than {limit} bytes; a request is a small JSON object (prompts "
+                        "of at most a few thousand characters)", status=413)
 
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _check_json(value: Any) -> None:
+    """:class:`RequestError` for a decoded JSON value nested deeper than :data:`MAX_JSON_DEPTH`, or holding a
+    text (a key or a string) that is not valid Unicode: a lone UTF-16 surrogate such as ``"\\ud800"``, which
+    JSON allows and UTF-8 cannot encode (the tokenizers would fail on it). Iterative: no recursion limit."""
+    stack: list[tuple[Any, int, tuple]] = [(value, 1, ())]
+    while stack:
+        item, depth, path = stack.pop()
+        texts = [item] if isinstance(item, str) else list(item) if isinstance(item, dict) else []
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                where = f"{path[0]}" + "".join(f"[{p!r}]" for p in path[1:]) if path else "the body"
+                what = f"a field name in {where}" if isinstance(item, dict) else where
+                raise RequestError(f"{what} holds a lone UTF-16 surrogate ({text[exc.start]!r} at character "
+                                   f"{exc.start}), which is not a character; send valid Unicode text",
+                                   param=str(path[0]) if path else None) from None
+        if not isinstance(item, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise RequestError(f"the request body is JSON nested more than {MAX_JSON_DEPTH} levels deep; the fields of "
+                               "a request are plain values")
+        children = item.items() if isinstance(item, dict) else enumerate(item)
+        stack.extend((child, depth + 1, (*path, key)) for key, child in children)
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; :class:`RequestError` for an empty body, bad JSON or a non-object."""
+    """The request body as a JSON object; :class:`RequestError` (400) for an empty body, bad JSON, JSON nested
+    deeper than :data:`MAX_JSON_DEPTH`, text that is not valid Unicode, or a non-object."""
     if not raw.strip():
         raise RequestError('the request body is empty; send a JSON object such as {"prompt": "a fox"}')
     try:
         body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RequestError(f"the request body is JSON nested too deeply; the fields of a request are plain values "
+                           f"(at most {MAX_JSON_DEPTH} levels are read)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object such as "
                            '{"prompt": "a fox"}') from None
+    _check_json(body)
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, not a JSON {type(body).__name__}")
     return body
@@ -174,8 +237,14 @@ class RequestPlanner:
 
     # -- body -> job ---------------------------------------------------------------------------------
     def parse(self, raw: bytes) -> GenerationJob:
-        """Validate a raw request body; :class:`RequestError` (400) for anything wrong."""
+        """Validate a raw request body; :class:`RequestError` (400, or 413 for a body above the limit) for
+        anything wrong."""
+        if len(raw) > self.limits.max_body_bytes:
+            raise body_too_large(self.limits.max_body_bytes)
         body = parse_body(raw)
+        if "size" in body and body["size"] is None:
+            raise RequestError("size must be a string, 'WIDTHxHEIGHT' such as '512x512' or 'auto'; leave the field "
+                               "out for the server's default size", param="size")
         try:
             request = ImageRequest.model_validate(body)
         except ValidationError as exc:
@@ -188,9 +257,20 @@ class RequestPlanner:
         lim = self.limits
         if not r.prompt.strip():
             raise RequestError("prompt must not be empty", param="prompt")
-        if len(r.prompt) > lim.max_prompt_chars:
-            raise RequestError(f"prompt has {len(r.prompt)} characters; at most {lim.max_prompt_chars}",
-                               param="prompt")
+        for name in ("prompt", "negative_prompt"):
+            text = getattr(r, name)
+            if text is not None and len(text) > lim.max_prompt_chars:
+                raise RequestError(f"{name} has {len(text)} characters; at most {lim.max_prompt_chars}", param=name)
+        for name in ("model", "user"):
+            text = getattr(r, name)
+            if text is not None and len(text) > MAX_NAME_CHARS:
+                raise RequestError(f"{name} has {len(text)} characters; at most {MAX_NAME_CHARS}", param=name)
+        if r.quality not in (None, *QUALITIES):
+            raise RequestError(f"quality {r.quality!r} is not one of {', '.join(map(repr, QUALITIES))} (accepted and "
+                               "ignored: num_inference_steps sets the work per image)", param="quality")
+        if r.style not in (None, *STYLES):
+            raise RequestError(f"style {r.style!r} is not one of {', '.join(map(repr, STYLES))} (accepted and "
+                               "ignored)", param="style")
         if r.response_format not in (None, SUPPORTED_RESPONSE_FORMAT):
             hint = (" (this server returns images inline and hosts no files)" if r.response_format == "url" else "")
             raise RequestError(f"response_format {r.response_format!r} is not supported{hint}; use "

@@ -3,8 +3,9 @@
 ``POST /v1/images/generations`` (``prompt``, ``n``, ``size`` "WxH", ``response_format`` "b64_json", plus
 ``num_inference_steps``, ``guidance_scale``, ``seed``, ``negative_prompt``) answers
 ``{"created": ..., "data": [{"b64_json": <PNG>}]}``; ``GET /stats`` and ``GET /health``. One worker
-thread runs the pipeline, one call at a time; bad requests get a 400 before any pipeline work. Needs the
-``serve`` extra (``pip install -e ".[serve]"``). See ``docs/serving.md``.
+thread runs the pipeline, one call at a time; bad requests get a 400 before any pipeline work. With
+``--api-key`` (or ``BCG_API_KEY``) every route but ``/health`` needs ``Authorization: Bearer <key>``. Needs
+the ``serve`` extra (``pip install -e ".[serve]"``). See ``docs/serving.md``.
 
 Examples::
 
@@ -19,6 +20,8 @@ import argparse
 import contextlib
 import ipaddress
 import logging
+import os
+import re
 import socket
 import sys
 import time
@@ -28,7 +31,15 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.options import Failure, add_model_options, choose_device, family_or_checkpoint
+from bcg_diffusion.cli.generate_args import check_binning_flag
+from bcg_diffusion.cli.options import (
+    Failure,
+    add_model_options,
+    choose_device,
+    family_or_checkpoint,
+    offline_hint,
+    quiet_known_messages,
+)
 from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
 
 from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
@@ -58,6 +69,10 @@ DEFAULT_MAX_N = 4
 DEFAULT_MAX_QUEUE = 64
 CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
 CHECKPOINT_DEFAULT_STEPS = 28
+#: The environment variable that holds the API key when --api-key is not given (vLLM's VLLM_API_KEY, here).
+API_KEY_VARIABLE = "BCG_API_KEY"
+#: An API key: visible ASCII, no spaces (it travels as ``Authorization: Bearer <key>``).
+API_KEY_PATTERN = re.compile(r"[!-~]+")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("server")
     g.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}; anything else is reachable from other "
-                   "machines and there is no authentication)")
+                   "machines: give it an API key)")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (a 401 otherwise; the OpenAI "
+                   f"client sends its api_key so). Default: the environment variable {API_KEY_VARIABLE}, if set; "
+                   "else no key. The variable keeps the key out of the process list")
     g.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help=f"port (default: {DEFAULT_PORT}; 0: a free port, printed as '{LISTENING_PREFIX}URL')")
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
@@ -112,16 +131,32 @@ def parse_size_option(text: str, name: str, parser: argparse.ArgumentParser) -> 
         parser.error(exc.message)
 
 
+def api_key(args, parser: argparse.ArgumentParser) -> str | None:
+    """The API key: ``--api-key``, else :data:`API_KEY_VARIABLE` (empty means none); ``parser.error`` for a key
+    that cannot travel in a header."""
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+    if key is not None and not API_KEY_PATTERN.fullmatch(key):
+        source = "--api-key" if args.api_key is not None else API_KEY_VARIABLE
+        parser.error(f"{source}: an API key is visible ASCII characters without spaces (it is sent as "
+                     "'Authorization: Bearer <key>')")
+    return key
+
+
 def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """``parser.error`` (exit 2) for bad options; returns the parsed sizes and injections."""
+    """``parser.error`` (exit 2) for bad options; returns the parsed sizes, injections and the API key."""
     for name in ("max_pixels", "max_steps", "max_n", "max_queue", "steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+    if args.steps is not None and args.steps > args.max_steps:
+        parser.error(f"--steps {args.steps} is above --max-steps {args.max_steps}: a request without "
+                     "num_inference_steps would be refused; lower --steps or raise --max-steps")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
-    warmup = [parse_size_option(s, "--warmup", parser) for s in args.warmup.split(",")] if args.warmup else []
-    default_size = parse_size_option(args.default_size, "--default-size", parser) if args.default_size else None
+    warmup = ([parse_size_option(s.strip(), "--warmup", parser) for s in args.warmup.split(",")]
+              if args.warmup else [])
+    default_size = (parse_size_option(args.default_size.strip(), "--default-size", parser)
+                    if args.default_size else None)
     injections = {}
     for text in args.inject:
         try:
@@ -129,7 +164,7 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
         except ValueError as exc:
             parser.error(str(exc))
         injections[prompt] = kind
-    return {"warmup": warmup, "default_size": default_size, "injections": injections}
+    return {"warmup": warmup, "default_size": default_size, "injections": injections, "api_key": api_key(args, parser)}
 
 
 def is_loopback(host: str) -> bool:
@@ -143,6 +178,19 @@ def check_image_family(spec, parser: argparse.ArgumentParser) -> None:
         images = [n for n in pipelines.list_families() if not pipelines.get_family(n).is_video]
         parser.error(f"--model {spec.name} makes videos; serve.py serves images (the OpenAI images API): "
                      f"choose one of {', '.join(images)}")
+
+
+def precheck_family(spec, args, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for what a family cannot do, before anything is built: a default step count above
+    ``--max-steps``, ``--no-resolution-binning`` on a pipeline that does not bin (as ``generate.py``); a
+    checkpoint's are checked once it is loaded."""
+    if spec is None:
+        return
+    if args.steps is None and spec.default_steps > args.max_steps:
+        parser.error(f"{spec.name}'s default of {spec.default_steps} steps is above --max-steps {args.max_steps}: a "
+                     "request without num_inference_steps would be refused; give --steps or raise --max-steps")
+    if args.no_resolution_binning:
+        check_binning_flag(spec, parser)
 
 
 def precheck_sizes(spec, sizes: list[tuple[int, int]], args, parser: argparse.ArgumentParser) -> None:
@@ -163,7 +211,9 @@ def build(args, spec, device: torch.device, dtype: torch.dtype):
             return pipelines.build_pipeline(spec.name, size=args.size, device=device, dtype=dtype, seed=0), spec
         pipe = pipelines.load_pipeline(args.model, device=device, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - a failed build is reported, not a traceback
-        raise Failure(1, f"error: could not build {args.model}: {type(exc).__name__}: {exc}") from exc
+        hint = offline_hint(args.model, exc) if spec is None else None
+        raise Failure(1, f"error: {hint}" if hint else f"error: could not build {args.model}: {type(exc).__name__}: "
+                      f"{exc}") from exc
     pipe.set_progress_bar_config(disable=True)
     try:
         spec = pipelines.family_of(pipe)
@@ -172,6 +222,10 @@ def build(args, spec, device: torch.device, dtype: torch.dtype):
     if spec is not None and spec.is_video:
         raise Failure(2, f"serve.py: error: {args.model} is a {spec.name} pipeline, which makes videos; serve.py "
                       "serves images")
+    if args.no_resolution_binning and "use_resolution_binning" not in pipelines.call_parameters(pipe):
+        raise Failure(2, f"serve.py: error: --no-resolution-binning: {type(pipe).__name__} does not bin resolutions "
+                      "(its __call__ takes no use_resolution_binning), so it already runs the asked size; leave the "
+                      "flag out")
     return pipe, spec
 
 
@@ -234,7 +288,7 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None}
     method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else "server (2-step calls)"
-    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} ({method}) ...", flush=True)
+    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}) ...", flush=True)
     try:
         report = worker.submit(lambda: run_warmup(generator, planner, sizes)).result()
     except RequestError as exc:
@@ -246,7 +300,8 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
             "captures": int(report.captures), "method": method}
 
 
-def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup: dict) -> dict[str, Any]:
+def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup: dict,
+                api_key_required: bool = False) -> dict[str, Any]:
     return {
         "model": args.model, "family": spec.name if spec is not None else None,
         "size": args.size if args.model in pipelines.list_families() else "checkpoint",
@@ -257,7 +312,8 @@ def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup
         "max_queue": args.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps,
         "resolution_binning": (not args.no_resolution_binning) if planner.takes_binning else None,
-        "warmup": warmup, "torch": torch.__version__, "bcg_diffusion": bcg_diffusion.__version__,
+        "warmup": warmup, "api_key_required": api_key_required, "torch": torch.__version__,
+        "bcg_diffusion": bcg_diffusion.__version__,
     }
 
 
@@ -275,13 +331,14 @@ def announce(url: str) -> None:
 
 def start(args, parser) -> int:
     options = check_arguments(args, parser)
-    if not is_loopback(args.host):
-        print(f"warning: --host {args.host}: the server is reachable from other machines and has no authentication",
-              file=sys.stderr)
+    if not is_loopback(args.host) and options["api_key"] is None:
+        print(f"warning: --host {args.host}: the server is reachable from other machines and requires no API key; "
+              f"give it one with --api-key or {API_KEY_VARIABLE}", file=sys.stderr)
     device = choose_device(args, parser)
     dtype = pipelines.resolve_dtype(args.dtype, device)
     spec = family_or_checkpoint(args.model, parser)
     check_image_family(spec, parser)
+    precheck_family(spec, args, parser)
     precheck_sizes(spec, options["warmup"] + ([options["default_size"]] if options["default_size"] else []), args,
                    parser)
     if spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:
@@ -296,7 +353,7 @@ def start(args, parser) -> int:
         notes = speed_up(pipe, args, device)
         planner = make_planner(pipe, spec, args, options["default_size"])
         print(f"built in {time.perf_counter() - t0:.1f} s; sizes in multiples of {planner.limits.granularity} px, "
-              f"default {planner.default_width}x{planner.default_height}, {planner.default_steps} steps", flush=True)
+              f"default {planner.default_width}x{planner.default_height} (WxH), {planner.default_steps} steps", flush=True)
         for note in notes:
             print(f"  {note}", flush=True)
         if planner.takes_binning and not args.no_resolution_binning:
@@ -306,8 +363,9 @@ def start(args, parser) -> int:
         worker = PipelineWorker()
         generator = ImageGenerator(pipe, device, counters, options["injections"])
         warmup = warm_up(worker, generator, planner, options["warmup"])
-        info = server_info(args, spec, pipe, device, dtype, planner, warmup)
-        app = create_app(ServerState(planner, worker, generator, counters, info, args.max_queue))
+        info = server_info(args, spec, pipe, device, dtype, planner, warmup, options["api_key"] is not None)
+        app = create_app(ServerState(planner, worker, generator, counters, info, args.max_queue,
+                                     api_key=options["api_key"]))
         serve(app, sock, announce)
         worker.stop()
     finally:
@@ -315,14 +373,26 @@ def start(args, parser) -> int:
     return 0
 
 
+def configure_logging(level_name: str) -> None:
+    """The server's own log (``serve`` and ``bcg_diffusion.serving``) at ``--log-level`` on stderr; the library's
+    and the pipelines' at WARNING (their INFO lines repeat what the server prints: the build, the warm-up
+    report), unless ``--log-level debug``."""
+    level = getattr(logging, level_name.upper())
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    library = logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING)
+    for name in ("bcg_diffusion", "bcg_pipelines"):
+        logging.getLogger(name).setLevel(library)
+    logging.getLogger("bcg_diffusion.serving").setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_known_messages()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if MISSING_SERVE_EXTRA:
             parser.error(MISSING_SERVE_EXTRA)
-        logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging(args.log_level)
         return start(args, parser)
     except SystemExit as exc:  # --help (0) or a bad argument (2)
         return int(exc.code or 0)

@@ -1,0 +1,256 @@
+"""Every code block of README.md and docs/*.md runs on the CPU, or says why not (issue 30).
+
+A block's fence info string says what it is; the first word is the language:
+
+- ````python``, ````bash``: runs here, on the CPU (the default);
+- ````LANG gpu-only``: needs a CUDA GPU (or full-size models): not run; Python must compile, and every command of
+  a tool must have options its parser accepts;
+- ````LANG not-run: REASON``: cannot run in a test (real weights, a server to talk to, the test suite itself, a
+  fragment, too slow on a CPU): not run; the options of its tool commands are checked as for ``gpu-only``;
+- ````text``: output shown as an example; ````json``: must parse.
+
+A block without an info string, or with flags other than these, fails: say what it is.
+
+How the blocks run, each in a fresh temporary folder that holds a link to ``scripts/`` (so ``outputs/`` is
+written there): Python blocks are executed in-process in a fresh namespace, where a placeholder line
+``NAME = ...`` (the docs' "your pipeline") binds NAME to the tiny random-weight Flux pipeline on the CPU, whose
+default size is set to its tiny 64x64 px (a real pipeline's default is 1024 px: seconds instead of a minute
+here). Bash blocks run line by line (``\\`` continues a line, ``&&`` chains): ``pip install ...`` is skipped
+(the test runs in the installed environment; ``.ci/run`` runs the README's install in a fresh one), a line of
+variable assignments only is accepted, and a tool command (``python scripts/NAME.py ARGS``, ``bcg-NAME ARGS``)
+calls that tool's ``main(ARGS)`` in-process and must exit 0. Anything else in a runnable block fails: mark it.
+An identical command runs once per session.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from _scripts import MODULES
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LANGUAGES = ("python", "bash", "text", "json")
+FENCE = re.compile(r"^```(.*)$")
+PLACEHOLDER = re.compile(r"^(?P<indent>\s*)(?P<name>[A-Za-z_]\w*)\s*=\s*\.\.\.\s*(?P<comment>#.*)?$")
+ASSIGNMENTS = re.compile(r"^(?:[A-Za-z_]\w*=\S*\s*)+$")
+COMMANDS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+TINY_FLUX_PX = 64
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence
+    language: str
+    flag: str  # "", "gpu-only" or "not-run"
+    reason: str
+    code: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a page, with their info strings read (``ValueError`` for a malformed one)."""
+    found, lines, i = [], page.read_text().splitlines(), 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        info, start = match[1].strip(), i + 1
+        end = next(j for j in range(start, len(lines)) if lines[j].startswith("```"))
+        language, _, rest = info.partition(" ")
+        flag, _, reason = rest.strip().partition(":")
+        found.append(Block(page, start, language, flag.strip(), reason.strip(), "\n".join(lines[start:end]) + "\n"))
+        i = end + 1
+    return found
+
+
+ALL = [b for page in PAGES for b in blocks(page)]
+
+
+def block_id(block: Block) -> str:
+    return f"{block.where}:{block.language}{'-' + block.flag if block.flag else ''}"
+
+
+# -- the markings ------------------------------------------------------------------------------------------
+def test_every_block_says_what_it_is():
+    problems = []
+    for b in ALL:
+        if b.language not in LANGUAGES:
+            problems.append(f"{b.where}: info string {b.language!r}: give one of {', '.join(LANGUAGES)}")
+        elif b.flag not in ("", "gpu-only", "not-run"):
+            problems.append(f"{b.where}: unknown flag {b.flag!r} (gpu-only, or not-run: REASON)")
+        elif b.flag == "not-run" and not b.reason:
+            problems.append(f"{b.where}: not-run needs a reason (not-run: REASON)")
+        elif b.flag and b.language not in ("python", "bash"):
+            problems.append(f"{b.where}: {b.language} blocks take no flag")
+    assert not problems, "\n".join(problems)
+    assert len(ALL) > 30 and any(b.flag == "" and b.language == "python" for b in ALL)
+
+
+# -- bash: tool commands ------------------------------------------------------------------------------------
+def logical_lines(code: str) -> list[str]:
+    """Lines with ``\\`` continuations joined, comments and blank lines dropped."""
+    out, current = [], ""
+    for raw in code.splitlines():
+        line = raw.rstrip()
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        text = current.strip()
+        current = ""
+        if text and not text.startswith("#"):
+            out.append(text)
+    return out
+
+
+def tool_command(words: list[str]) -> tuple[str, list[str]] | None:
+    """``(module, argv)`` of a tool command (``python scripts/X.py``, ``bcg-X``, also after ``torchrun ...``,
+    environment assignments and ``bash -c``), or ``None`` for another command."""
+    while words and re.fullmatch(r"[A-Za-z_]\w*=\S*", words[0]):
+        words = words[1:]
+    if words[:1] == ["torchrun"]:
+        words = words[1:]
+        while words and words[0].startswith("--"):
+            words = words[1:] if "=" in words[0] else words[2:]
+        if words and words[0].startswith("scripts/"):  # torchrun runs a script path itself
+            words = ["python", *words]
+    if len(words) >= 2 and words[0] == "python" and words[1].startswith("scripts/") and words[1].endswith(".py"):
+        name = Path(words[1]).stem
+        assert name in MODULES, f"scripts/{name}.py is no tool of tests/_scripts.MODULES"
+        return MODULES[name], words[2:]
+    if words and words[0] in COMMANDS:
+        return COMMANDS[words[0]].partition(":")[0], words[1:]
+    return None
+
+
+def commands(code: str) -> list[list[str]]:
+    """The commands of a bash block: each logical line split at ``&&`` and ``;``, ``$NAME`` expanded from
+    earlier ``NAME=value`` statements of the block, then into words; comments after ``#`` dropped."""
+    variables: dict[str, str] = {}
+    out = []
+    for line in logical_lines(code):
+        for part in re.split(r"\s*(?:&&|;)\s*", line):
+            if not part:
+                continue
+            for name, value in re.findall(r"^([A-Za-z_]\w*)=(\S+)$", part):
+                variables[name] = value
+            expanded = re.sub(r"\$([A-Za-z_]\w*)", lambda m: variables.get(m[1], m[0]), part)
+            out.append(shlex.split(expanded, comments=True))
+    return [words for words in out if words]
+
+
+def check_options(module_name: str, argv: list[str], where: str) -> None:
+    """The tool's parser accepts ``argv`` (nothing runs)."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    parser = module.build_parser()
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        pytest.fail(f"{where}: {module_name} does not take {shlex.join(argv)} (exit {exc.code})")
+
+
+_ran: dict[tuple, int] = {}
+
+
+def run_tool(module_name: str, argv: list[str]) -> int:
+    import importlib
+
+    key = (module_name, *argv)
+    if key not in _ran:
+        _ran[key] = importlib.import_module(module_name).main(argv)
+    return _ran[key]
+
+
+@pytest.fixture
+def docs_folder(tmp_path, monkeypatch):
+    """A fresh working folder with scripts/ linked in, as the docs' commands expect to be run from the
+    checkout."""
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+BASH = [b for b in ALL if b.language == "bash"]
+
+
+@pytest.mark.parametrize("block", [b for b in BASH if not b.flag], ids=block_id)
+def test_bash_block_runs(block, docs_folder, capsys):
+    for words in commands(block.code):
+        if words[:2] == ["pip", "install"]:
+            continue  # the environment is installed; .ci/run installs the README's command in a fresh one
+        if ASSIGNMENTS.match(shlex.join(words)):
+            continue
+        tool = tool_command(words)
+        assert tool is not None, f"{block.where}: {shlex.join(words)!r} is no tool command; mark the block"
+        code = run_tool(*tool)
+        out = capsys.readouterr()
+        assert code == 0, f"{block.where}: {shlex.join(words)} exited {code}\n{out.out[-2000:]}\n{out.err[-2000:]}"
+
+
+@pytest.mark.parametrize("block", [b for b in BASH if b.flag], ids=block_id)
+def test_bash_block_not_run_has_valid_options(block):
+    for words in commands(block.code):
+        tool = tool_command(words)
+        if tool is not None:
+            check_options(*tool, block.where)
+
+
+# -- python ---------------------------------------------------------------------------------------------------
+PYTHON = [b for b in ALL if b.language == "python"]
+
+
+def tiny_pipeline():
+    """The docs' "your pipeline" here: tiny Flux on the CPU, defaulting to its tiny size."""
+    import bcg_pipelines as pipelines
+
+    pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
+    pipe.default_sample_size = TINY_FLUX_PX // pipe.vae_scale_factor
+    return pipe
+
+
+def with_placeholders(code: str) -> str:
+    return "\n".join(PLACEHOLDER.sub(lambda m: f"{m['indent']}{m['name']} = __docs_pipeline__()", line)
+                     for line in code.splitlines())
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if not b.flag], ids=block_id)
+def test_python_block_runs(block, docs_folder, capsys):
+    namespace = {"__name__": "__docs__", "__docs_pipeline__": tiny_pipeline}
+    exec(compile(with_placeholders(block.code), block.where, "exec"), namespace)  # noqa: S102 - the docs' code
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.flag == "gpu-only"], ids=block_id)
+def test_python_block_for_the_gpu_compiles(block):
+    compile(block.code, block.where, "exec")
+
+
+# -- json ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [b for b in ALL if b.language == "json"], ids=block_id)
+def test_json_block_parses(block):
+    import json
+
+    json.loads(block.code)
+
+
+def test_the_placeholder_and_the_command_reader():
+    assert with_placeholders("pipe = ...   # yours\nx = 1") == "pipe = __docs_pipeline__()\nx = 1"
+    assert commands("A=1 B=2 \\\n  python scripts/generate.py --steps 2  # two\nX=a,b; y --k $X && z") == [
+        ["A=1", "B=2", "python", "scripts/generate.py", "--steps", "2"], ["X=a,b"], ["y", "--k", "a,b"], ["z"]]
+    assert tool_command(["torchrun", "--nproc_per_node", "2", "scripts/generate.py", "--bcg"]) == (
+        MODULES["generate"], ["--bcg"])
+    assert tool_command(["torchrun", "--nproc_per_node", "2", "run_cp.py"]) is None
+    assert tool_command(["bcg-serve", "--port", "0"])[1] == ["--port", "0"]
