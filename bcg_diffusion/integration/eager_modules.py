@@ -19,11 +19,11 @@ class EagerModules:
     for the caller. ``add_method`` does the same for another method of one module instance
     (``"patchify()"``), ``add_function`` for a module-level function of a Python module, by name
     (``"pkg.mod.f()"``; a reference-counted patch shared with other transformers). ``restore``
-    puts everything back exactly.
+    puts everything back exactly. The transformer is not kept here: the methods that look a
+    submodule up take it as ``root`` (its runner owns it).
     """
 
-    def __init__(self, root: torch.nn.Module) -> None:
-        self._root = root
+    def __init__(self) -> None:
         self._saved: dict[str, tuple[torch.nn.Module, Any]] = {}
         self._methods: dict[str, tuple[str, torch.nn.Module, str, Any]] = {}  # label -> path, module, name, previous
         self._functions: dict[str, Any] = {}  # label -> RemovableHandle of the shared function patch
@@ -32,12 +32,12 @@ class EagerModules:
     def names(self) -> list[str]:
         return list(self._saved) + list(self._methods) + list(self._functions)
 
-    def add_method(self, path: str, name: str) -> str:
+    def add_method(self, root: torch.nn.Module, path: str, name: str) -> str:
         """Make method ``name`` of the submodule at ``path`` ("" for the root) an eager break."""
         label = f"{path + '.' if path else ''}{name}()"
         if label in self._methods:
             return label
-        module = self._root.get_submodule(path) if path else self._root
+        module = root.get_submodule(path) if path else root
         previous = module.__dict__.get(name, _MISSING)
         bound = getattr(module, name)
         wrapped = torch._dynamo.disable(eager_on_graph(_named(bound, f"{type(module).__name__}.{name}")))
@@ -60,21 +60,23 @@ class EagerModules:
             self._functions[label] = attention_breaks.make_function_eager(module_name, name)
         return label
 
-    def add(self, name: str) -> None:
+    def add(self, root: torch.nn.Module, name: str) -> None:
+        """Make the submodule of ``root`` at ``name`` ("" for ``root``) an eager break."""
         if name in self._saved:
             return
-        module = self._root.get_submodule(name) if name else self._root
+        module = root.get_submodule(name) if name else root
         previous = module.__dict__.get("forward", _MISSING)
         self._saved[name] = (module, previous)
         module.forward = eager_on_graph(_named(module.forward, f"{type(module).__name__}.forward"))
 
-    def resolve(self, patterns: tuple[str, ...]) -> list[str]:
-        """Qualified names of submodules matching ``patterns`` (a qualified name or a class name).
+    @staticmethod
+    def resolve(root: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
+        """Qualified names of the submodules of ``root`` matching ``patterns`` (a qualified name or a class name).
 
         Raises ``ValueError`` naming patterns that match nothing.
         """
         found, unmatched = [], []
-        named = dict(self._root.named_modules())
+        named = dict(root.named_modules())
         for pattern in patterns:
             if pattern in named and pattern:
                 found.append(pattern)
@@ -85,7 +87,7 @@ class EagerModules:
             found.extend(hits)
         if unmatched:
             raise ValueError(
-                f"eager_modules: no submodule of {type(self._root).__name__} is named or of class {unmatched}; "
+                f"eager_modules: no submodule of {type(root).__name__} is named or of class {unmatched}; "
                 "use qualified names from transformer.named_modules() (e.g. 'transformer_blocks.3') or class names"
             )
         return found

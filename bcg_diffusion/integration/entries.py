@@ -225,9 +225,9 @@ def _narrow(ctx: CaptureContext, site: failures.FailureSite | None, narrowed: li
         if same_class:  # a second instance of the class fails too: make the whole class eager
             paths = [p for p in failures.instances_of(root, site.owner_class) if p not in eager.names]
             for path in paths:
-                eager.add(path)
+                eager.add(root, path)
             return f"every {site.owner_class} ({len(paths) + len(same_class)} modules)"
-        eager.add(site.path)
+        eager.add(root, site.path)
         return site.path
     if site.kind == "method":
         label = f"{site.path + '.' if site.path else ''}{site.name}()"
@@ -238,10 +238,10 @@ def _narrow(ctx: CaptureContext, site: failures.FailureSite | None, narrowed: li
             paths = [p for p in failures.instances_of(root, site.owner_class)
                      if f"{p}.{site.name}()" not in eager.names] or [site.path]
             for path in paths:
-                eager.add_method(path, site.name)
+                eager.add_method(root, path, site.name)
             total = len(eager.method_paths(site.owner_class, site.name))
             return f"{site.name}() of every {site.owner_class} ({total} modules)"
-        return eager.add_method(site.path, site.name)
+        return eager.add_method(root, site.path, site.name)
     if site.kind == "function":
         label = f"{site.module_name}.{site.name}()"
         return None if label in eager.names else eager.add_function(site.module_name, site.name)

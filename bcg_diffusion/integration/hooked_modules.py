@@ -41,32 +41,31 @@ class _Installed:
 class HookedModules:
     """The interceptors of one transformer's hooked submodules (see the module docstring)."""
 
-    def __init__(self, root: torch.nn.Module) -> None:
-        self.root = root
+    def __init__(self) -> None:
         self._installed: dict[str, _Installed] = {}
 
     @property
     def bodies(self) -> list[CapturedBody]:
         return [i.body for i in self._installed.values() if i.spec.rule.replay_body]
 
-    def apply(self, hooked: tuple[HookedModule, ...]) -> None:
-        """Make the installed interceptors match ``hooked``."""
+    def apply(self, root: torch.nn.Module, hooked: tuple[HookedModule, ...]) -> None:
+        """Make the installed interceptors in ``root`` (the transformer, owned by its runner) match ``hooked``."""
         wanted = {h.path: h for h in hooked}
         for path in list(self._installed):
             if wanted.get(path) != self._installed[path].spec:
                 self._uninstall(path)
         for path, spec in wanted.items():
             if path not in self._installed:
-                self._install(spec)
-        invalidate_registry_caches(self.root)
+                self._install(root, spec)
+        invalidate_registry_caches(root)
 
-    def clear(self) -> None:
+    def clear(self, root: torch.nn.Module) -> None:
         for path in list(self._installed):
             self._uninstall(path)
-        invalidate_registry_caches(self.root)
+        invalidate_registry_caches(root)
 
-    def _install(self, spec: HookedModule) -> None:
-        module = self.root.get_submodule(spec.path)
+    def _install(self, root: torch.nn.Module, spec: HookedModule) -> None:
+        module = root.get_submodule(spec.path)
         name = f"{spec.path} ({type(module).__name__})"
         rule: HookRule = spec.rule
         if rule.replay_body:

@@ -63,13 +63,14 @@ class GraphRunner:
     """
 
     def __init__(self, module: torch.nn.Module, config: BCGConfig, info: TransformerInfo) -> None:
-        self.module = module
+        # the transformer is held once, by its state (``self.module`` reads it); the eager and
+        # hooked modules are given it where they need it
+        self.state = ModelState(module, every_call=config.check_weights == "every_call", pure_forwards=config.pure_forwards)
         self.config = config
         self.info = info
         self.entries: collections.OrderedDict[GraphKey, GraphEntry] = collections.OrderedDict()
-        self.eager_modules = EagerModules(module)
-        self.state = ModelState(module, every_call=config.check_weights == "every_call", pure_forwards=config.pure_forwards)
-        self.hooked = HookedModules(module)
+        self.eager_modules = EagerModules()
+        self.hooked = HookedModules()
         self.chain: ForwardChain | None = None
         self._seen: collections.OrderedDict[GraphKey, _Seen] = collections.OrderedDict()
         self.misses = 0
@@ -97,8 +98,13 @@ class GraphRunner:
         self._last_key: GraphKey | None = None
         sabotage.read_environment()
         self.ranks: parallel.NoRanks = parallel.NO_RANKS  # context parallelism: see integration/parallel.py
-        for name in self.eager_modules.resolve(config.eager_modules):
-            self.eager_modules.add(name)
+        for name in EagerModules.resolve(module, config.eager_modules):
+            self.eager_modules.add(module, name)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The transformer this runner accelerates."""
+        return self.state.root
 
     def attach(self, below: Callable, link: Callable, hook_ref: Any) -> None:
         """Start following the forward chain: ``below`` is what the ``bcg_graphs`` hook wraps,
@@ -308,7 +314,7 @@ class GraphRunner:
                 structure.describe_difference(self._structure),
             )
         self.clear()
-        self.hooked.apply(structure.hooked)
+        self.hooked.apply(self.module, structure.hooked)
         old = self._breaks
         self._breaks = attention_breaks.install(self.module, self.info.eager_functions)
         if old is not None:
@@ -498,7 +504,7 @@ class GraphRunner:
         with self._lock:
             self._closed = True
             self.clear()
-            self.hooked.clear()
+            self.hooked.clear(self.module)
             self.eager_modules.restore()
             self.ranks.close()  # context parallelism: undoes the gather break
             if self._breaks is not None:

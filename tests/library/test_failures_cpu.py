@@ -105,7 +105,7 @@ def test_the_failing_frame_names_what_can_run_eagerly(where, kind, path, name):
 
 
 def _ctx(model, **config):
-    return entries.CaptureContext(model, model.forward, BCGConfig(**config), EagerModules(model), None, lambda m: None, lambda: False)
+    return entries.CaptureContext(model, model.forward, BCGConfig(**config), EagerModules(), None, lambda m: None, lambda: False)
 
 
 def test_a_second_failing_instance_makes_the_class_eager():
@@ -147,7 +147,7 @@ def test_narrowing_stops_where_nothing_smaller_can_run_eagerly():
     assert entries._narrow(ctx, failures.FailureSite("builtin", path="out", owner_class="Linear"), []) is None
     assert entries._narrow(ctx, failures.FailureSite("module", path="rope", owner_class="Rope"), ["x"]) is None  # limit
     assert entries._narrow(ctx, failures.FailureSite("root", owner_class="Model"), []) is entries.MODULE_MODE
-    child = entries.CaptureContext(model.blocks[0], model.blocks[0].forward, BCGConfig(), EagerModules(model), None,
+    child = entries.CaptureContext(model.blocks[0], model.blocks[0].forward, BCGConfig(), EagerModules(), None,
                                    lambda m: None, lambda: False, root=model)
     # a child captured in module mode cannot be narrowed to itself
     assert entries._narrow(child, failures.FailureSite("module", path="blocks.0", owner_class="Block"), []) is None
@@ -155,9 +155,9 @@ def test_narrowing_stops_where_nothing_smaller_can_run_eagerly():
 
 def test_eager_methods_and_functions_are_undone_exactly():
     model = Model()
-    parts = EagerModules(model)
-    assert parts.add_method("", "patchify") == "patchify()"
-    assert parts.add_method("rope", "coords") == "rope.coords()"
+    parts = EagerModules()
+    assert parts.add_method(model, "", "patchify") == "patchify()"
+    assert parts.add_method(model, "rope", "coords") == "rope.coords()"
     assert parts.add_function("_host_helpers", "host_value") == "_host_helpers.host_value()"
     assert "patchify" in model.__dict__ and "coords" in model.rope.__dict__
     assert helpers.host_value is not host_value
