@@ -200,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     targets = args.pytest_args or ["tests"]
     runs = []
     for mode in modes:
+        # --dist loadfile: a file's tests share one worker, so a module fixture (a launch of the
+        # context-parallel harness, a built pipeline) runs once per session
         command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-n", str(args.workers),
+                   "--dist", "loadfile",
                    "--timeout", f"{args.timeout:g}", "--sabotage-results", str(work / f"{mode}.jsonl"), *targets]
         runs.append(ModeRun(mode, command, work / f"{mode}.jsonl", work / f"{mode}.log"))
     run_modes(runs, args.together, args.limit)
