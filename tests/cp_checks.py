@@ -76,6 +76,14 @@ def lora_replayed_exactly(reports: dict, name: str) -> bool:
         assert record["lora_changed_output"], f"rank {rank}, {name}: the LoRA did not change the output (test is void)"
         late = [m for m in record["mismatches"] if m["call"] >= cp_worker.LORA_AT_CALL]
         assert not late, f"rank {rank}, {name}: differs after the LoRA load: {late}"
+        at, end = record["stats_at_lora"], record["stats"]
+        if not end["accelerated"]:
+            continue  # no CUDA: equality is the claim
+        # the LoRA changes the weights: every shape is captured again, and the calls after it replay
+        shapes = len(cp_worker.SHAPES[name.split(":")[0]])
+        assert end["captures"] - at["captures"] >= 1 and not end["fallbacks"], f"rank {rank}, {name}: {at} -> {end}"
+        after = record["calls"] - cp_worker.LORA_AT_CALL
+        assert end["hits"] - at["hits"] >= after - 2 * shapes, f"rank {rank}, {name}: replays after the LoRA {at} -> {end}"
     return True
 
 

@@ -201,7 +201,7 @@ def _stats(model) -> dict:
     from bcg_diffusion import accelerate as acc
 
     stats = bcg.get_stats(model)
-    if stats is None:
+    if not stats.active:
         return {"accelerated": False}
     runners = acc._runners(model)
     agreements = [r.ranks.agreement for r in runners if r.ranks.agreement is not None]
@@ -310,6 +310,7 @@ def run_case(case: Case, run: Run, seed: int = 0) -> dict:
             with torch.no_grad():
                 record["lora_changed_output"] = not torch.equal(before, eager(**inputs)[0])
             record["lora"] = f"added before call {index}"
+            record["stats_at_lora"] = _stats(accelerated)
         with torch.no_grad():
             reference = eager(**inputs)[0]
             out = accelerated(**inputs)[0]

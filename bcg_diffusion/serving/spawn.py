@@ -98,6 +98,9 @@ def wait_ready(servers: list[SpawnedServer], timeout_s: float) -> None:
         server.ready.wait(max(0.0, deadline - time.monotonic()))
         if server.url is None:
             code = server.process.poll()
+            if code is None and server.ready.is_set():  # its output closed: the process is ending now
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = server.process.wait(timeout=5)
             why = f"exited with code {code}" if code is not None else f"did not listen within {timeout_s:.0f} s"
             raise SpawnError(f"serve.py {shlex.join(server.args)} {why}; log {server.log_path}:\n{server.log_tail()}")
         check_loopback(server.url)

@@ -29,6 +29,7 @@ FAULT_LAUNCH_TIMEOUT_S = 240
 COLLECTIVE_TIMEOUT_S = 120.0
 CALLS = 100
 NCCL_CASES = cp_worker.ALL_CASES + cp_worker.PIPE_CASES + ("flux:ulysses:refusals",)
+ALL_SABOTAGE = ("fallback", "skip_segment", "stale_inputs")
 
 _gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 two_gpus = pytest.mark.skipif(
@@ -59,6 +60,8 @@ def test_bcg_cp_is_bitwise_equal_to_eager_cp_on_every_rank(cp_reports, case):
 @pytest.mark.gpu
 @two_gpus
 @pytest.mark.parametrize("case", cp_worker.MAIN_CASES)
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="compares the ranks with each other, which sabotage breaks alike; "
+                               "equality with eager and the replays are test_bcg_cp_is_bitwise_equal_to_eager_cp_on_every_rank's claim")
 def test_ranks_agree_on_outputs_and_graph_decisions(cp_reports, case):
     cp_checks.ranks_agree(cp_reports, case)
 
@@ -87,12 +90,14 @@ def test_whole_pipelines_are_bitwise_equal_on_every_rank(cp_reports, case):
 
 @pytest.mark.gpu
 @two_gpus
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="checks refusals at acceleration: no call replays")
 def test_per_rank_caches_compile_and_uneven_modes_are_refused(cp_reports):
     cp_checks.refusals_clear(cp_reports, "flux:ulysses:refusals")
 
 
 @pytest.mark.gpu
 @two_gpus
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="checks that one rank's error reaches every rank; no replay is claimed")
 def test_a_rank_that_raises_mid_call_is_reported_by_every_rank(tmp_path):
     reports = _launch(tmp_path, "--cases", cp_worker.FAULT_CASE, "--collective-timeout-s", str(COLLECTIVE_TIMEOUT_S),
                       timeout_s=FAULT_LAUNCH_TIMEOUT_S)

@@ -39,6 +39,7 @@ FAULT_LAUNCH_TIMEOUT_S = float(os.environ.get("BCG_CP_FAULT_TIMEOUT_S", 55))
 FULL_LAUNCH_TIMEOUT_S = 340
 ONE_GPU_CASES = cp_worker.ALL_CASES + cp_worker.CHECK_CASES + cp_worker.PIPE_CASES  # the heaviest last
 FULL_CASES = ("flux:ulysses", "wan:ulysses")
+ALL_SABOTAGE = ("fallback", "skip_segment", "stale_inputs")
 
 _cuda = torch.cuda.is_available()
 one_gpu = pytest.mark.skipif(not _cuda, reason="needs a CUDA GPU (two ranks share cuda:0 under gloo)")
@@ -87,6 +88,8 @@ def test_bcg_cp2_is_bitwise_equal_to_eager_cp2_on_every_rank(reports, case):
 @pytest.mark.gpu
 @one_gpu
 @pytest.mark.parametrize("case", cp_worker.MAIN_CASES)
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="compares the ranks with each other, which sabotage breaks alike; "
+                               "equality with eager and the replays are test_bcg_cp2_is_bitwise_equal_to_eager_cp2_on_every_rank's claim")
 def test_ranks_agree_on_outputs_and_graph_decisions(reports, case):
     cp_checks.ranks_agree(reports, case)
 
@@ -115,18 +118,21 @@ def test_whole_pipelines_are_bitwise_equal_on_every_rank(reports, case):
 
 @pytest.mark.gpu
 @one_gpu
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="checks refusals at acceleration: no call replays")
 def test_per_rank_caches_compile_and_uneven_modes_are_refused(reports):
     cp_checks.refusals_clear(reports, "flux:ulysses:refusals")
 
 
 @pytest.mark.gpu
 @one_gpu
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="checks the error raised before the first collective: no call replays")
 def test_different_inputs_raise_on_every_rank_before_any_collective(reports):
     cp_checks.disagreement_raised_before_collectives(reports, "flux:ulysses:disagree")
 
 
 @pytest.mark.gpu
 @one_gpu
+@pytest.mark.survives_sabotage(*ALL_SABOTAGE, reason="checks that one rank's error reaches every rank; no replay is claimed")
 def test_a_rank_that_raises_mid_call_is_reported_by_every_rank(fault_reports):
     cp_checks.fault_reported(fault_reports, cp_worker.FAULT_CASE, COLLECTIVE_TIMEOUT_S)
 

@@ -432,3 +432,16 @@ def test_load_report_flags_errors_memory_growth_and_mismatches():
     assert ratios["ratios"]["p50"] == pytest.approx(1.0 / 2.5) and ratios["passed"] is False
     text = format_report([s_eager, s_bcg], cross, ratios)
     assert "(OVER)" in text and "503: 1" in text and "NOT all equal" in text and "FAIL" in text
+
+
+def test_a_server_that_exits_at_start_is_reported_with_its_exit_code(tmp_path):
+    """A server that dies before listening (here: bad arguments) is said to have exited, with the
+    code and its log's tail (not as one that "did not listen" in time)."""
+    from bcg_diffusion.serving.spawn import SpawnError
+
+    spawned = start_server("--model no-such-family", tmp_path / "server.log")
+    try:
+        with pytest.raises(SpawnError, match=r"exited with code 2(.|\n)*no-such-family"):
+            wait_ready([spawned], START_TIMEOUT_S)
+    finally:
+        stop_server(spawned)
