@@ -11,11 +11,17 @@
 """
 
 import json
+import os
 
-import pytest
-import torch
+# Inductor picks some kernel configurations by timing them on the GPU, so two compilations of one
+# block can differ in their last bits; the compile tests compare compiled runs bitwise. Set before
+# torch is imported (Inductor reads it once); subprocesses (servers, torchrun workers) inherit it.
+os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
 
-from bcg_diffusion.core.handles import live_handles
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from bcg_diffusion.core.handles import live_handles  # noqa: E402
 SABOTAGE_PROPERTY = "survives_sabotage"
 _results_path = None  # --sabotage-results: where this process appends test outcomes (None: nowhere)
 

@@ -117,9 +117,12 @@ def markdown(report: dict) -> str:
 
 
 def _git_commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -145,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "tests reported (default: 480)")
     p.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "bcg-sabotage",
                    help="where the report (sabotage_<date>.{json,md}) and the sessions' logs go (default: %(default)s)")
+    p.add_argument("--commit", default=None,
+                   help="the commit to name in the report (default: git's HEAD, with '+changes' when the tree differs "
+                        "from it; give it where the checkout's history is not the tested tree's)")
     p.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments (default: the tests folder)")
     return p
 
@@ -218,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         not s.get("unexpected_survivors") and not s["stopped"] for s in summaries)
     report = {
         "command": "python tests/sabotage_report.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": _git_commit(), "date": stamp, "device": _device(), "passed": passed, "modes": summaries,
+        "commit": args.commit or _git_commit(), "date": stamp, "device": _device(), "passed": passed, "modes": summaries,
         "tests": {run.mode: run.outcomes for run in runs},
     }
     json_path, md_path = args.out_dir / f"sabotage_{stamp}.json", args.out_dir / f"sabotage_{stamp}.md"
