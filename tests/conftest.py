@@ -7,7 +7,8 @@
   into the test's ``user_properties``, and ``--sabotage-results PATH`` writes every outcome with it
   for ``tests/sabotage_report.py``.
 - Attention patches are released after every test, in one place (:func:`release_attention_patches`).
-- Fixtures: ``pretend_cuda`` (the library believes CUDA is there), ``hide_cuda`` (it sees none), ``fake_torchao``.
+- Fixtures: ``pretend_cuda`` (the library believes CUDA is there), ``hide_cuda`` (it sees none), ``fake_torchao``,
+  ``no_build`` (building or loading a pipeline fails the test).
 """
 
 import json
@@ -117,3 +118,15 @@ def fake_torchao(monkeypatch):
     monkeypatch.setattr(quantization, "quantize_", lambda module, config: calls.append(
         (module, type(config).__name__, getattr(config, "set_inductor_config", True))))
     yield calls
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    """Building or loading a pipeline fails the test: the checks must come before any work."""
+    import bcg_pipelines as pipelines
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pipeline was built")
+
+    monkeypatch.setattr(pipelines, "build_pipeline", refuse)
+    monkeypatch.setattr(pipelines, "load_pipeline", refuse)

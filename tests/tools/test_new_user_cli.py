@@ -24,18 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # the no-CUDA path of the command (CUDA hidden where present)
 
 
-@pytest.fixture
-def no_build(monkeypatch):
-    """Building or loading a pipeline fails the test: the checks must come before any work."""
-    import bcg_pipelines as pipelines
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a pipeline was built")
-
-    monkeypatch.setattr(pipelines, "build_pipeline", refuse)
-    monkeypatch.setattr(pipelines, "load_pipeline", refuse)
-
-
 def usage_error(capsys, argv: list[str]) -> str:
     """Run the command, expect exit code 2, return its last stderr line (the reason)."""
     assert generate.main(argv) == 2

@@ -178,17 +178,6 @@ def test_the_log_has_one_warmup_report_and_no_library_noise(spawned, http):
 
 
 # -- 9: start-up options that cannot work exit 2 before the build -------------------------------------------
-@pytest.fixture
-def no_build(monkeypatch):
-    import bcg_pipelines as pipelines
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a pipeline was built")
-
-    monkeypatch.setattr(pipelines, "build_pipeline", refuse)
-    monkeypatch.setattr(pipelines, "load_pipeline", refuse)
-
-
 @pytest.mark.parametrize("argv, needle", [
     (["--steps", "200"], "--steps 200 is above --max-steps 100"),
     (["--max-steps", "8"], "flux's default of 28 steps is above --max-steps 8"),

@@ -79,18 +79,6 @@ def test_generate_seed_out_of_range_exits_2(generate, capsys, seed):
     assert "--seed must be in 0 .. 2**64 - 1" in capsys.readouterr().err
 
 
-@pytest.fixture
-def no_build(monkeypatch):
-    """Building or loading a pipeline fails the test: the checks must come before any work."""
-    import bcg_pipelines as pipelines
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a pipeline was built")
-
-    monkeypatch.setattr(pipelines, "build_pipeline", refuse)
-    monkeypatch.setattr(pipelines, "load_pipeline", refuse)
-
-
 def test_generate_unwritable_out_fails_before_building(generate, tmp_path, capsys, no_build):
     not_a_folder = tmp_path / "file.txt"
     not_a_folder.write_text("x")
