@@ -6,9 +6,7 @@ says it does not, diffusers fails eagerly or caches nothing. ``generate.py --cac
 cache row refuse the pairs the table excludes, before building anything, with the reason.
 """
 
-import logging
 import traceback
-import warnings
 from pathlib import Path
 
 import diffusers
@@ -20,6 +18,7 @@ from bcg_diffusion.step_caches import count_cache_passes
 from bcg_diffusion.cli.cache_option import (
     CACHE_FAMILIES, CACHE_NAMES, cache_config, cache_unsupported_reason, check_cache, disable_cache, enable_cache,
     reset_cache_state)
+from bcg_diffusion.cli.speedups import quiet_library_warnings
 
 STEPS = 4
 PAIRS = [(name, family) for name in CACHE_NAMES for family in pipelines.list_families()]
@@ -58,13 +57,8 @@ def _run_with_cache(family: str, name: str):
 
 @pytest.fixture
 def quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        try:
-            yield
-        finally:
-            logging.disable(logging.NOTSET)
+    with quiet_library_warnings():
+        yield
 
 
 @pytest.mark.parametrize("name, family", PAIRS, ids=[f"{n}-{f}" for n, f in PAIRS])
