@@ -65,7 +65,10 @@ def _follow(server: SpawnedServer, log) -> None:
         if server.url is None and line.startswith(LISTENING_PREFIX):
             server.url = line[len(LISTENING_PREFIX):].strip()
             server.ready.set()
-    server.ready.set()  # the process ended (its output closed)
+    # the output closed: the process is ending; reap it first, so that a waiter reads its exit code
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.process.wait(timeout=5)
+    server.ready.set()
 
 
 def start_server(arg_string: str, log_path: Path) -> SpawnedServer:
@@ -98,9 +101,6 @@ def wait_ready(servers: list[SpawnedServer], timeout_s: float) -> None:
         server.ready.wait(max(0.0, deadline - time.monotonic()))
         if server.url is None:
             code = server.process.poll()
-            if code is None and server.ready.is_set():  # its output closed: the process is ending now
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    code = server.process.wait(timeout=5)
             why = f"exited with code {code}" if code is not None else f"did not listen within {timeout_s:.0f} s"
             raise SpawnError(f"serve.py {shlex.join(server.args)} {why}; log {server.log_path}:\n{server.log_tail()}")
         check_loopback(server.url)
