@@ -128,7 +128,9 @@ class GraphRunner:
         if getattr(self._local, "depth", 0):
             # a foreign forward calling the forward it replaced, inside this runner's eager call
             return self.chain.forward_at(level)(*args, **kwargs)
-        with self._lock, parallel.calling(self):  # context parallelism: a rank that raises tells the others
+        # context parallelism: a rank that raises tells the others; forward_state: buffers the forward
+        # reassigns are written in place (fingerprint.py)
+        with self._lock, parallel.calling(self), fingerprint.forward_state():
             self._local.depth = 1
             try:
                 self._follow_structure()
