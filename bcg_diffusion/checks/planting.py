@@ -279,6 +279,23 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message} | {where}"
 
 
+def _accelerated_calls(bundle: Bundle, device: torch.device, result: PlantResult) -> tuple[list, Any, _Heard]:
+    """Accelerate the model and make the calls, listening; an exception that reaches the caller makes
+    ``result`` a crash. Notes in ``result`` in how many calls a graph replayed."""
+    per_call: list[int] = []
+    got: list = []
+    with _listening() as heard:
+        try:
+            bcg_diffusion.accelerate_transformer(
+                bundle.model, bcg_diffusion.BCGConfig(allow_unknown=True, debug=device.type != "cuda"))
+            got = _calls(bundle.model, bundle, on_call=lambda: per_call.append(_replays(bundle.model)))
+        except Exception as exc:  # noqa: BLE001 - an exception reaching the caller is the verdict
+            result.status, result.error = "crash", _error(exc)
+        stats = bcg_diffusion.get_stats(bundle.model)
+    result.replayed_calls = sum(b > a for a, b in zip([0] + per_call, per_call))
+    return got, stats, heard
+
+
 def run_plant(spec: PlantSpec, bundle: Bundle, seed: int, device: torch.device, site: Site | None = None) -> PlantResult:
     """Plant (at ``site``, default: drawn for ``spec``), run the twin and the accelerated model, undo;
     never raises."""
@@ -308,23 +325,14 @@ def run_plant(spec: PlantSpec, bundle: Bundle, seed: int, device: torch.device, 
             result.status, result.error = "invalid", "the plant never ran in the twin's calls"
             return result
         state.reset()
-        per_call: list[int] = []
-        with _listening() as heard:
-            try:
-                bcg_diffusion.accelerate_transformer(
-                    bundle.model, bcg_diffusion.BCGConfig(allow_unknown=True, debug=device.type != "cuda"))
-                accelerated = True
-                got = _calls(bundle.model, bundle, on_call=lambda: per_call.append(_replays(bundle.model)))
-            except Exception as exc:  # noqa: BLE001 - an exception reaching the caller is the verdict
-                result.status, result.error = "crash", _error(exc)
-            stats = bcg_diffusion.get_stats(bundle.model)
+        accelerated = True  # from here on, remove_acceleration runs (a no-op if it did not happen)
+        got, stats, heard = _accelerated_calls(bundle, device, result)
         result.messages = heard.lines[:20]
         result.suspicious = [line for line in heard.lines if any(mark in line for mark in SUSPICIOUS)]
         result.eager_modules = sorted({m for e in stats.entries for m in e.eager_modules})
         result.module_mode = any(e.module_mode for e in stats.entries)
         result.counters = {n: getattr(stats, n) for n in (
             "hits", "misses", "captures", "failed_captures", "eager_calls", "warmup_calls", "child_hits", "child_eager_calls")}
-        result.replayed_calls = sum(b > a for a, b in zip([0] + per_call, per_call))
         result.fired, result.fired_in_capture = state.fired, state.fired_in_capture
         result.places = sorted(state.places)
         if result.status != "crash":

@@ -106,7 +106,7 @@ def test_the_verdicts_tell_an_assumption_from_a_failure(flux):
 
 
 def test_the_command_writes_its_reports(tmp_path, capsys):
-    assert planting.main(["--seed", "2", "--plants", "2", "--classes", FLUX, "--out", str(tmp_path),
+    assert planting.main(["--seed", "2", "--plants", "2", "--calls", "2", "--classes", FLUX, "--out", str(tmp_path),
                           "--commit", "abc123"]) == 0
     report = json.loads((tmp_path / "planting.json").read_text())
     assert report["header"]["commit"] == "abc123" and len(report["plants"]) == 2
