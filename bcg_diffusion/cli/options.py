@@ -8,9 +8,11 @@ checks that need them, after the arguments are parsed.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 from .choices import DTYPE_NAMES, SIZES
@@ -58,11 +60,15 @@ def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
     if model in pipelines.list_families():
         return pipelines.get_family(model)
     families = ", ".join(pipelines.list_families())
+    if not model.strip():
+        parser.error(f"--model is empty; give a family ({families}), a local pipeline folder (with model_index.json; "
+                     "--model . for the current folder) or a hub id such as org/name")
     path = Path(model).expanduser()
     if path.is_dir():
-        if not (path / "model_index.json").is_file():
-            parser.error(f"--model {model}: the folder holds no diffusers pipeline (no model_index.json); give the "
-                         "folder that pipe.save_pretrained() or huggingface-cli download wrote")
+        problem = pipeline_index_problem(path)
+        if problem:
+            parser.error(f"--model {model}: {problem}; give the folder that pipe.save_pretrained() or huggingface-cli "
+                         "download wrote")
         return None
     if path.exists():
         parser.error(f"--model {model} is a file; give a pipeline folder (with model_index.json), a hub id such as "
@@ -75,6 +81,30 @@ def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
                      f"hub id such as org/name, or a family: {families}")
     parser.error(f"--model: unknown family {model!r}; known families: {families} "
                  "(or give a local pipeline folder or a hub id such as org/name)")
+
+
+def pipeline_index_problem(folder: Path) -> str | None:
+    """Why ``folder`` holds no loadable diffusers pipeline index, or ``None``: ``model_index.json`` must exist and be a
+    JSON object naming the pipeline class (``_class_name``), which ``DiffusionPipeline.from_pretrained`` reads."""
+    index = folder / "model_index.json"
+    if not index.is_file():
+        return "the folder holds no diffusers pipeline (no model_index.json)"
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"model_index.json is not valid JSON ({exc})"
+    if not isinstance(data, dict):
+        return f"model_index.json is not a JSON object (it holds a {type(data).__name__})"
+    if not isinstance(data.get("_class_name"), str):
+        return "model_index.json has no _class_name (the pipeline class diffusers loads), so it describes no pipeline"
+    return None
+
+
+def command_name(script: str, command: str) -> str:
+    """The name a command shows in its usage and error lines: ``command`` (``bcg-generate``) when this process was
+    started as that console script, else ``script`` (``generate.py``: run as a script, with ``python -m`` or from
+    Python)."""
+    return command if Path(sys.argv[0]).name.removesuffix(".exe") == command else script
 
 
 def hub_offline() -> bool:
