@@ -1,5 +1,5 @@
 """What ``generate.py`` and ``serve.py`` share on their command lines: the model options, reading ``--model``
-and ``--device``, quieting known-harmless library messages, and :class:`Failure`.
+and ``--device``, quieting known-harmless library messages (the library's), and :class:`Failure`.
 
 Building the options imports nothing heavy (:mod:`.choices`); torch and ``bcg_pipelines`` are imported by the
 checks that need them, after the arguments are parsed.
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import sys
 from pathlib import Path
+
+import bcg_diffusion
 
 from .choices import DTYPE_NAMES, SIZES
 
@@ -169,34 +170,7 @@ def choose_device(args, parser: argparse.ArgumentParser):
 
 
 # -- known-harmless library messages -----------------------------------------------------------------------
-class _DropMessages(logging.Filter):
-    def __init__(self, *needles: str):
-        super().__init__()
-        self.needles = needles
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(needle in message for needle in self.needles)
-
-
-#: Messages libraries log on every run of the commands that say nothing the user can act on, by the logger that
-#: logs them. transformers: importing diffusers' pipelines (Flux, SD3, ...) imports transformers' image
-#: processors, which fall back to their PIL versions without torchvision; the commands never use them (they
-#: are for IP-adapter images). With torchao (the quant extra) installed: torchao registers its Enum types
-#: with torch's pytree at import, which torch 2.14 calls deprecated, and diffusers' torchao quantizer misses
-#: tensor classes that torchao 0.18 moved (they matter only to loading checkpoints saved quantized by torchao;
-#: --quant quantizes after the build).
-QUIET_MESSAGES = {
-    "transformers.utils.import_utils": ("requires torchvision (not installed); falling back to",),
-    "torch.utils._pytree": ("is an Enum subclass and is now natively supported by torch.compile",),
-    "diffusers.quantizers.torchao.torchao_quantizer": ("Unable to import `torchao` Tensor objects",),
-}
-
-
 def quiet_known_messages() -> None:
-    """Drop :data:`QUIET_MESSAGES` (a filter on each logger; every other message of those loggers still shows).
-    Call it before torch and diffusers are imported; calling it again adds nothing."""
-    for name, needles in QUIET_MESSAGES.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in logger.filters):
-            logger.addFilter(_DropMessages(*needles))
+    """Drop the library messages that say nothing on every run of the commands
+    (:func:`bcg_diffusion.quiet_known_messages`, which ``import bcg_diffusion`` already called; again is a no-op)."""
+    bcg_diffusion.quiet_known_messages()

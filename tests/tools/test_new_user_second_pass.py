@@ -138,3 +138,48 @@ def test_the_height_help_and_docs_state_the_limit_as_an_upper_bound():
 def test_the_side_limit_error_states_the_rule(capsys, no_build):
     reason = usage_error(capsys, ["--height", "8192"])
     assert f"--height 8192 is above the limit of 4096 px for flux ({choices.SIDE_LIMIT_RULE};" in reason, reason
+
+
+# -- 1. quiet runs: the known-harmless library messages are dropped, precisely ------------------------------------
+def test_torchao_and_pytree_messages_are_dropped_only_where_known_harmless(caplog, monkeypatch):
+    import logging
+
+    import torch
+
+    import bcg_diffusion  # noqa: F401 - its import installed the filters
+
+    torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
+    failed = "Failed to load /venv/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load"
+    enum = "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by torch.compile as an opaque"
+    with caplog.at_level(logging.WARNING):
+        monkeypatch.setattr(torch.version, "cuda", None)  # the CPU build: torchao's CUDA kernels cannot load
+        torchao.warning(failed)
+        monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build: a kernel that fails to load is news
+        torchao.warning(failed)
+        pytree.warning(enum)  # logged from here, not from torchao: kept
+        torchao.warning("Failed to load something else")
+    assert [r.getMessage() for r in caplog.records] == [failed, enum, "Failed to load something else"]
+    caplog.clear()
+    code = compile("pytree.warning(enum)", "/venv/site-packages/torchao/utils.py", "exec")
+    with caplog.at_level(logging.WARNING):
+        exec(code, {"pytree": pytree, "enum": enum})  # as torchao's register_as_pytree_constant logs it
+    assert caplog.records == []
+
+
+# -- 2. the no-GPU notice points at the user's line -------------------------------------------------------------------
+def test_the_no_gpu_warning_points_at_the_callers_line(hide_cuda, monkeypatch):
+    import inspect
+    import warnings
+
+    import bcg_diffusion
+    import bcg_diffusion.accelerate as accelerate
+    import bcg_pipelines as pipelines
+
+    monkeypatch.setattr(accelerate, "_warned", set())  # once per process: this test's warning is the first
+    pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        bcg_diffusion.accelerate_pipeline(pipe)
+    notices = [(w.filename, w.lineno) for w in caught if "needs a CUDA GPU" in str(w.message)]
+    assert notices == [(__file__, line)], [(w.filename, w.lineno, str(w.message)) for w in caught]
