@@ -42,8 +42,9 @@ class BCGConfig:
             of diffusers 0.42.1) and refuses other modules; ``True`` takes any module; ``False``
             only the known classes.
         max_narrowing: after a failed capture, how many parts may be made eager breaks of their
-            own (one per retry: the submodule, method or function that did host work, found from
-            the failure's frames; a second failing instance of a class makes the whole class eager)
+            own (one per retry: the innermost module, or method of one, that was running where the
+            host work happened, found from the failure's frames; a second failing instance of a
+            class makes the whole class eager)
             before the key falls back to eager. A failure inline in the transformer's own forward
             switches the key to module mode instead (its forward runs eagerly, its blocks replay).
         check_weights: when the weight fingerprint (addresses, version counters, adapter state)

@@ -211,12 +211,6 @@ def install(transformer: torch.nn.Module, eager_functions: tuple[str, ...] = ())
     return _group(handles, f"attention breaks of {type(transformer).__name__}")
 
 
-def make_function_eager(module_name: str, name: str) -> RemovableHandle:
-    """Make function ``name`` of Python module ``module_name`` an eager break (shared by every
-    transformer that asks, until its last handle is removed)."""
-    return _acquire(sys.modules[module_name], name, _make_function_break)
-
-
 def installed_patches() -> list[tuple[str, str]]:
     """(module, attribute) pairs currently patched (for tests and introspection)."""
     return sorted(key for key, patch in _patches.items() if patch.shared.active)

@@ -12,25 +12,22 @@ _MISSING = object()
 
 
 class EagerModules:
-    """Parts of one transformer that run as eager breaks: submodules, methods, functions.
+    """Parts of one transformer that run as eager breaks: submodules and methods of submodules.
 
     ``add`` wraps ``module.forward`` (an instance attribute, so nn.Module and diffusers hooks keep
     working) with :func:`eager_on_graph`; tuple results are boxed for the copy-back and unboxed
     for the caller. ``add_method`` does the same for another method of one module instance
-    (``"patchify()"``), ``add_function`` for a module-level function of a Python module, by name
-    (``"pkg.mod.f()"``; a reference-counted patch shared with other transformers). ``restore``
-    puts everything back exactly. The transformer is not kept here: the methods that look a
-    submodule up take it as ``root`` (its runner owns it).
+    (``"patchify()"``). ``restore`` puts everything back exactly. The transformer is not kept here:
+    the methods that look a submodule up take it as ``root`` (its runner owns it).
     """
 
     def __init__(self) -> None:
         self._saved: dict[str, tuple[torch.nn.Module, Any]] = {}
         self._methods: dict[str, tuple[str, torch.nn.Module, str, Any]] = {}  # label -> path, module, name, previous
-        self._functions: dict[str, Any] = {}  # label -> RemovableHandle of the shared function patch
 
     @property
     def names(self) -> list[str]:
-        return list(self._saved) + list(self._methods) + list(self._functions)
+        return list(self._saved) + list(self._methods)
 
     def add_method(self, root: torch.nn.Module, path: str, name: str) -> str:
         """Make method ``name`` of the submodule at ``path`` ("" for the root) an eager break."""
@@ -38,27 +35,22 @@ class EagerModules:
         if label in self._methods:
             return label
         module = root.get_submodule(path) if path else root
+        bound = getattr(module, name, None)
+        if not callable(bound):
+            raise ValueError(f"{type(module).__name__} at {path or 'the root'!r} has no method {name!r}")
         previous = module.__dict__.get(name, _MISSING)
-        bound = getattr(module, name)
         wrapped = torch._dynamo.disable(eager_on_graph(_named(bound, f"{type(module).__name__}.{name}")))
         object.__setattr__(module, name, wrapped)
         self._methods[label] = (path, module, name, previous)
         return label
 
-    def method_paths(self, class_name: str, name: str) -> list[str]:
-        """Paths of the modules of class ``class_name`` whose method ``name`` already is an eager break."""
-        return [path for path, module, method, _ in self._methods.values()
-                if method == name and type(module).__name__ == class_name]
+    def method_paths(self, cls: type, name: str) -> list[str]:
+        """Paths of the modules of class ``cls`` (exactly) whose method ``name`` already is an eager break."""
+        return [path for path, module, method, _ in self._methods.values() if method == name and type(module) is cls]
 
-    def add_function(self, module_name: str, name: str) -> str:
-        """Make function ``name`` of Python module ``module_name`` an eager break where it is
-        called by that name (the patch is undone by :meth:`restore`)."""
-        from . import attention_breaks
-
-        label = f"{module_name}.{name}()"
-        if label not in self._functions:
-            self._functions[label] = attention_breaks.make_function_eager(module_name, name)
-        return label
+    def module_paths(self, cls: type) -> list[str]:
+        """Paths of the modules of class ``cls`` (exactly) that already run as eager breaks."""
+        return [path for path, (module, _) in self._saved.items() if type(module) is cls]
 
     def add(self, root: torch.nn.Module, name: str) -> None:
         """Make the submodule of ``root`` at ``name`` ("" for ``root``) an eager break."""
@@ -105,9 +97,6 @@ class EagerModules:
             else:
                 object.__setattr__(module, name, previous)
         self._methods.clear()
-        while self._functions:
-            _, handle = self._functions.popitem()
-            handle.remove()
 
 
 def _named(fn: Callable, qualname: str) -> Callable:

@@ -140,6 +140,7 @@ def _capture(
             phases={"record": elapsed},
         )
     narrowed: list[str] = []
+    first_failure = ""  # where the first failure that led to narrowing was, and its operation
     retried = False
     failed_s = 0.0
     pool = ctx.pool
@@ -164,12 +165,13 @@ def _capture(
                 retried = True
                 logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
                 continue
-            site = failures.locate(exc, ctx.transformer)
-            action = _narrow(ctx, site, narrowed)
+            action, where = _narrow_safely(ctx, exc, narrowed)
+            first_failure = first_failure or f"{where} ({op})"
             elapsed = time.perf_counter() - start
+            also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
             if action is MODULE_MODE:
                 ctx.warn(
-                    f"bcg: capture of {name} failed in its own forward ({op}); its forward now runs eagerly and "
+                    f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
                     "each call of its blocks and other submodules replays a graph of its own (module mode)."
                 )
                 return GraphEntry(
@@ -177,19 +179,20 @@ def _capture(
                     module_mode=True, phases={"retries": failed_s},
                 )
             if action is None:
-                where = f" in {site.describe()}" if site is not None else ""
                 ctx.warn(
-                    f"bcg: capture of {name} failed{where} ({op}); this input shape now runs eagerly. Name the "
+                    f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
                     "module in BCGConfig.eager_modules, or use debug=True to investigate."
                 )
                 return GraphEntry(key, None, [], None, fallback=op, capture_time_s=elapsed, layouts=layouts)
             narrowed.append(action)
-            ctx.warn(
-                f"bcg: capture of {name} failed in {site.describe()}: {op}; {action} now runs as an eager break "
-                "and the rest is captured."
-            )
+            logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
             continue
         break
+    if narrowed:
+        ctx.warn(
+            f"bcg: capture of {name} failed{first_failure}; {', '.join(narrowed)} now "
+            f"{'runs as an eager break' if len(narrowed) == 1 else 'run as eager breaks'} and the rest is captured."
+        )
     recorded = time.perf_counter()
     memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
@@ -208,48 +211,74 @@ def _capture(
 MODULE_MODE = "module mode"
 
 
-def _narrow(ctx: CaptureContext, site: failures.FailureSite | None, narrowed: list[str]) -> str | None:
-    """Make the part that failed an eager break; returns its label, :data:`MODULE_MODE` for a
-    failure inline in the transformer's forward, or ``None`` when nothing smaller can run eagerly."""
-    if site is None or len(narrowed) >= ctx.config.max_narrowing:
+def _narrow_safely(ctx: CaptureContext, exc: BaseException, narrowed: list[str]) -> tuple[str | None, str]:
+    """:func:`_narrow` on the units where ``exc`` was raised, and where that was (" in ..." or "").
+    Whatever goes wrong while narrowing ends it (``None``: the key runs eagerly): handling a failed
+    capture never raises into the caller's call."""
+    where = ""
+    try:
+        sites = failures.locate(exc, ctx.transformer)
+        if sites:
+            where = f" in {sites[0].describe()}"
+        return _narrow(ctx, sites, narrowed), where
+    except Exception as problem:  # noqa: BLE001 - a capture failure must never become the caller's error
+        logger.warning("bcg: narrowing after a failed capture of %s did not work (%s: %s); the key runs eagerly",
+                       type(ctx.module).__name__, type(problem).__name__, problem, exc_info=True)
+        return None, where
+
+
+def _narrow(ctx: CaptureContext, sites: list[failures.FailureSite], narrowed: list[str]) -> str | None:
+    """Make the innermost unit of ``sites`` (see :func:`failures.locate`) that is not eager yet an eager
+    break; returns its label, :data:`MODULE_MODE` when the failure is in the transformer's own forward,
+    or ``None`` when nothing smaller than the captured module can run eagerly (or the narrowing limit
+    is reached)."""
+    if len(narrowed) >= ctx.config.max_narrowing:
         return None
     eager = ctx.eager_modules
     root = ctx.transformer
     captured_path = next((n for n, m in root.named_modules() if m is ctx.module), "")
-    if site.kind == "root" or (site.kind == "module" and site.path == captured_path):
-        return MODULE_MODE if ctx.module is root else None
-    if site.kind == "module":
-        if site.path in eager.names:
-            return None
-        same_class = [p for p in eager.names if not p.endswith("()") and type(root.get_submodule(p)).__name__ == site.owner_class]
-        if same_class:  # a second instance of the class fails too: make the whole class eager
-            paths = [p for p in failures.instances_of(root, site.owner_class) if p not in eager.names]
-            for path in paths:
-                eager.add(root, path)
-            return f"every {site.owner_class} ({len(paths) + len(same_class)} modules)"
-        eager.add(root, site.path)
-        return site.path
-    if site.kind == "method":
-        label = f"{site.path + '.' if site.path else ''}{site.name}()"
-        if label in eager.names:
-            return None
-        if eager.method_paths(site.owner_class, site.name):
-            # a second instance fails in the same method (every MoE block, say): every instance
-            paths = [p for p in failures.instances_of(root, site.owner_class)
-                     if f"{p}.{site.name}()" not in eager.names] or [site.path]
-            for path in paths:
-                eager.add_method(root, path, site.name)
-            total = len(eager.method_paths(site.owner_class, site.name))
-            return f"{site.name}() of every {site.owner_class} ({total} modules)"
-        return eager.add_method(root, site.path, site.name)
-    if site.kind == "function":
-        label = f"{site.module_name}.{site.name}()"
-        return None if label in eager.names else eager.add_function(site.module_name, site.name)
+    for site in sites:
+        if site.kind == "root" or (site.kind == "module" and site.path == captured_path):
+            return MODULE_MODE if ctx.module is root else None
+        if site.kind == "module" and site.path not in eager.names:
+            return _make_module_eager(eager, root, site)
+        if site.kind == "method" and f"{site.path + '.' if site.path else ''}{site.name}()" not in eager.names:
+            return _make_method_eager(eager, root, site)
     return None
 
 
+def _make_module_eager(eager: EagerModules, root: torch.nn.Module, site: failures.FailureSite) -> str:
+    """The module at ``site.path`` runs as an eager break; when another module of its class (by
+    identity) already does, every module of the class does."""
+    if not eager.module_paths(site.owner_type):
+        eager.add(root, site.path)
+        return site.path
+    paths = [p for p in failures.instances_of(root, site.owner_type) if p not in eager.names]
+    for path in paths:
+        eager.add(root, path)
+    return f"every {site.owner_class} ({len(eager.module_paths(site.owner_type))} modules)"
+
+
+def _make_method_eager(eager: EagerModules, root: torch.nn.Module, site: failures.FailureSite) -> str:
+    """Method ``site.name`` of the module at ``site.path`` runs as an eager break; when it already
+    does in another module of the class (by identity: every MoE block, say), in every module of it."""
+    if not eager.method_paths(site.owner_type, site.name):
+        return eager.add_method(root, site.path, site.name)
+    instances = failures.instances_of(root, site.owner_type) if site.path else []
+    for path in [p for p in instances if f"{p}.{site.name}()" not in eager.names] or [site.path]:
+        eager.add_method(root, path, site.name)
+    return f"{site.name}() of every {site.owner_class} ({len(eager.method_paths(site.owner_type, site.name))} modules)"
+
+
 def describe_failure(exc: BaseException) -> str:
-    """The exception and the first source line outside torch and bcg-diffusion."""
+    """The exception and the first source line outside torch and bcg-diffusion (never raises)."""
+    try:
+        return _describe(exc)
+    except Exception:  # noqa: BLE001 - describing a failure must not fail the call
+        return type(exc).__name__
+
+
+def _describe(exc: BaseException) -> str:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):

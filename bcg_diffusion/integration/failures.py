@@ -1,26 +1,30 @@
-"""Where a capture failed, read from the exception's frames, and what could run eagerly instead.
+"""Where a capture failed, read from the exception's frames, as the units that could run eagerly instead.
 
-The innermost frame of model code (not torch, torchao, bcg-diffusion or the standard library)
-names the function that did host work under capture. Depending on what that function is, the
-capture retries with a smaller eager part (see :func:`locate`):
+A failure is attributed to *modules on the stack*, never to a function name: the frames of the
+traceback whose ``self`` is a module of the model (torch's call of the module or the module's own
+code) give the chain of modules that were running when the host work happened. Free functions
+(a helper in the model file, a third-party kernel wrapper, a process-wide patch of a torch function,
+a ``functools.partial``, a lambda) belong to the innermost module that called them. From the
+innermost outward, :func:`locate` lists the units the capture may retry with as eager breaks:
 
-- the ``forward`` of a submodule: that module becomes an eager break (a second instance of the
-  same class failing makes the whole class eager);
-- another method of a module of the model (``patchify``, ``rope.prepare_video_coords``): that
-  method, on that instance, becomes an eager break;
-- a module-level function called by name (``compute_text_seq_len_from_mask``): the name in the
-  caller's module becomes an eager break;
-- code inline in the transformer's own ``forward``: the key switches to module mode (the forward
-  runs eagerly and each child call replays its own graph, see :mod:`.module_mode`).
+- a method other than ``forward`` of a module of the model, defined in model code, when the failure
+  happened under it (``patchify``, ``rope.prepare_video_coords``, a MoE block's ``moe_infer``, also
+  under a decorator such as ``@torch.no_grad()``): that method on that instance;
+- the module itself (its ``forward`` wrapped as an eager break), torch's own modules included (a
+  ``GELU`` whose ``F.gelu`` was replaced process-wide by a function that reads a value);
+- the transformer itself (code inline in its ``forward``): module mode (see :mod:`.module_mode`).
+
+Compiled modules cannot be split: they are passed over. The narrowing (``entries``) takes the first
+unit that is not eager yet; a unit already eager that failed again (its call bypassed the wrapper)
+hands over to the next one out.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import sysconfig
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,39 +35,31 @@ _LIBRARY_PARTS = (
     f"{os.sep}triton{os.sep}",
     f"{os.sep}diffusers{os.sep}hooks{os.sep}",
 )
-_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
-_CALL_FRAMES = ("_call_impl", "_wrapped_call_impl")
 
 
 @dataclass(frozen=True)
 class FailureSite:
-    """What failed: ``kind`` is ``"module"`` (``path``: a submodule whose forward failed),
-    ``"method"`` (``path`` of the module, ``name`` of the method), ``"function"`` (``name`` in
-    the Python module ``module_name``), ``"root"`` (the transformer's own forward) or
-    ``"builtin"`` (inside a torch.nn module such as Linear: not narrowed)."""
+    """One unit that was running when a capture failed: ``kind`` is ``"module"`` (the submodule at
+    ``path``), ``"method"`` (method ``name`` of the submodule at ``path``; ``""`` is the transformer)
+    or ``"root"`` (the transformer's own ``forward``). ``owner_type`` is the module's class: units of
+    the same class are found by identity, never by name (``torch.nn.GELU`` is not diffusers' ``GELU``)."""
 
     kind: str
     path: str = ""
     name: str = ""
-    module_name: str = ""
     owner_class: str = ""
+    owner_type: type | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
-        if self.kind in ("module", "builtin"):
+        if self.kind == "module":
             return f"{self.path} ({self.owner_class})"
         if self.kind == "method":
             return f"{self.path + '.' if self.path else ''}{self.name}() ({self.owner_class})"
-        if self.kind == "function":
-            return f"{self.module_name}.{self.name}()"
         return f"{self.owner_class}.forward"
 
 
-def _is_model_frame(frame: types.FrameType) -> bool:
-    filename = frame.f_code.co_filename
-    if any(part in filename for part in _LIBRARY_PARTS):
-        return False
-    real = os.path.realpath(filename)
-    return not (real.startswith(_STDLIB) and "site-packages" not in real) and not filename.startswith("<")
+def _is_library_code(code: types.CodeType) -> bool:
+    return any(part in code.co_filename for part in _LIBRARY_PARTS) or code.co_filename.startswith("<")
 
 
 def _frames(exc: BaseException) -> list[types.FrameType]:
@@ -79,47 +75,40 @@ def _is_compiled(module: torch.nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None or hasattr(module, "_orig_mod")
 
 
-def locate(exc: BaseException, root: torch.nn.Module) -> FailureSite | None:
-    """The site of a capture failure in ``root``'s code, or ``None`` when no model frame names one
-    (the failure surfaced in library code only, e.g. at the end of the capture)."""
+def _method_of(module: torch.nn.Module, code: types.CodeType) -> str | None:
+    """The name of the method of ``module``'s class (model code, not ``forward``, not a dunder) whose
+    code ``code`` is, or ``None``."""
+    name = code.co_name
+    if name == "forward" or name.startswith("__") or _is_library_code(code):
+        return None
+    try:
+        method = inspect.getattr_static(type(module), name)
+    except AttributeError:
+        return None
+    if isinstance(method, (staticmethod, classmethod)):
+        return None
+    return name if getattr(_unwrapped(method), "__code__", None) is code else None
+
+
+def locate(exc: BaseException, root: torch.nn.Module) -> list[FailureSite]:
+    """The units of ``root`` that were running where ``exc`` was raised, innermost first (empty when
+    no frame of the traceback belongs to a module of ``root``)."""
     paths = {id(m): name for name, m in root.named_modules()}
-    frames = _frames(exc)
-    for position in range(len(frames) - 1, -1, -1):
-        frame = frames[position]
+    sites: list[FailureSite] = []
+    for frame in reversed(_frames(exc)):
         owner = frame.f_locals.get("self")
-        if isinstance(owner, torch.nn.Module) and type(owner).__module__.startswith("torch.nn."):
-            # Inside torch's own Linear, Conv, norm...: every instance would fail alike (quantized
-            # weights whose kernels sync, ...), so no smaller eager part helps.
-            return FailureSite("builtin", path=paths.get(id(owner), ""), owner_class=type(owner).__name__)
-        if not _is_model_frame(frame):
-            if isinstance(owner, torch.nn.Module) and id(owner) in paths and frame.f_code.co_name in _CALL_FRAMES:
-                # torch's call of a module of the model, reached before any method of it: the code
-                # that failed (a closure set as its forward, a hook) belongs to that module's call
-                path = paths[id(owner)]
-                if not _is_compiled(owner):
-                    kind = "root" if path == "" else "module"
-                    return FailureSite(kind, path=path, owner_class=type(owner).__name__)
+        if not isinstance(owner, torch.nn.Module) or id(owner) not in paths or _is_compiled(owner):
             continue
-        code = frame.f_code
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, torch.nn.Module) and id(owner) in paths:
-            path = paths[id(owner)]
-            if _is_compiled(owner):
-                continue  # compiled code cannot be split here: look further out
-            if code.co_name == "forward":
-                if path == "":
-                    return FailureSite("root", owner_class=type(owner).__name__)
-                return FailureSite("module", path=path, owner_class=type(owner).__name__)
-            method = getattr(type(owner), code.co_name, None)
-            if getattr(_unwrapped(method), "__code__", None) is code:  # also under @torch.no_grad() and the like
-                return FailureSite("method", path=path, name=code.co_name, owner_class=type(owner).__name__)
-            continue
-        caller = _caller(frames, position)
-        if caller is not None:
-            function = caller.f_globals.get(code.co_name)
-            if getattr(function, "__code__", None) is code:
-                return FailureSite("function", name=code.co_name, module_name=caller.f_globals.get("__name__", ""))
-    return None
+        path = paths[id(owner)]
+        cls = type(owner)
+        method = _method_of(owner, frame.f_code)
+        if method is not None:
+            site = FailureSite("method", path=path, name=method, owner_class=cls.__name__, owner_type=cls)
+        else:
+            site = FailureSite("root" if path == "" else "module", path=path, owner_class=cls.__name__, owner_type=cls)
+        if site not in sites:
+            sites.append(site)
+    return sites
 
 
 def _unwrapped(function):
@@ -130,11 +119,6 @@ def _unwrapped(function):
         return function
 
 
-def _caller(frames: list[types.FrameType], position: int) -> types.FrameType | None:
-    return frames[position - 1] if position > 0 else None
-
-
-def instances_of(root: torch.nn.Module, class_name: str) -> list[str]:
-    """Qualified names of the submodules of ``root`` of class ``class_name``."""
-    return [name for name, m in root.named_modules() if name and type(m).__name__ == class_name]
-
+def instances_of(root: torch.nn.Module, cls: type) -> list[str]:
+    """Qualified names of the submodules of ``root`` whose class is exactly ``cls``."""
+    return [name for name, m in root.named_modules() if name and type(m) is cls]

@@ -77,7 +77,7 @@ class Model(torch.nn.Module):
         return self.out(x)
 
 
-def _site(where):
+def _sites(where):
     model = Model(where)
     with pytest.raises(Exception) as info:
         model(torch.ones(2, 4))
@@ -85,55 +85,146 @@ def _site(where):
 
 
 @pytest.mark.parametrize(
-    "where, kind, path, name",
+    "where, units",
     [
-        ("block", "module", "blocks.0", ""),
-        ("method", "method", "", "patchify"),
-        ("decorated_method", "method", "", "decorated"),
-        ("child_method", "method", "rope", "coords"),
-        ("function", "function", "", "host_value"),
-        ("inline", "root", "", ""),
-        ("closure", "module", "blocks.1", ""),
-        ("linear", "builtin", "out", ""),
+        ("block", [("module", "blocks.0", "")]),
+        ("method", [("method", "", "patchify")]),
+        ("decorated_method", [("method", "", "decorated")]),
+        ("child_method", [("method", "rope", "coords")]),
+        ("function", []),  # a free function belongs to the module that called it: here the transformer
+        ("inline", []),
+        ("closure", [("module", "blocks.1", "")]),
+        ("linear", [("module", "out", "")]),  # torch's own modules are units too
     ],
 )
-def test_the_failing_frame_names_what_can_run_eagerly(where, kind, path, name):
-    site = _site(where)
-    assert site is not None and (site.kind, site.path, site.name) == (kind, path, name), site
-    if kind == "function":
-        assert site.module_name == __name__  # the name is patched where the caller looks it up
+def test_the_failure_is_attributed_to_the_modules_on_the_stack_innermost_first(where, units):
+    sites = _sites(where)
+    assert [(s.kind, s.path, s.name) for s in sites] == units + [("root", "", "")], sites
+    assert all(s.owner_type is type(Model(where).get_submodule(s.path)) for s in sites)
+
+
+class Gate(torch.nn.Module):
+    """A model's activation module with a method of its own that calls ``F.gelu`` (diffusers' GELU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def gelu(self, x):
+        return torch.nn.functional.gelu(x)
+
+    def forward(self, x):
+        return self.gelu(self.proj(x))
+
+
+class FeedForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = Gate()
+        self.act = torch.nn.GELU()  # torch's GELU: also calls F.gelu, has no method ``gelu``
+
+    def forward(self, x):
+        return self.act(self.gate(x))
+
+
+class GeluModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([FeedForward(), FeedForward()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _reads_a_value(x, approximate="none"):
+    """A process-wide stand-in for ``F.gelu`` that does host work (here: fails as under capture)."""
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_process_wide_patched_function_is_attributed_to_the_module_that_called_it(monkeypatch):
+    # torch.nn.GELU and the model's Gate both call F.gelu; the patched function is a free function of
+    # another file: the failure belongs to the innermost module on the stack, never to the function's name
+    monkeypatch.setattr(torch.nn.functional, "gelu", _reads_a_value)
+    model = GeluModel()
+    with pytest.raises(RuntimeError) as info:
+        model(torch.ones(2, 4))
+    sites = failures.locate(info.value, model)
+    assert [(s.kind, s.path, s.name) for s in sites] == [
+        ("method", "blocks.0.gate", "gelu"), ("module", "blocks.0.gate", ""), ("module", "blocks.0", ""), ("root", "", "")]
+    with pytest.raises(RuntimeError) as info:
+        model.blocks[0].act(torch.ones(2, 4))
+    assert [(s.kind, s.path) for s in failures.locate(info.value, model)] == [("module", "blocks.0.act")]
+
+
+def test_classes_of_the_same_name_are_told_apart_when_a_whole_class_becomes_eager():
+    # the crash this replaces: a second failing instance made "every GELU" eager by class *name*,
+    # which took torch.nn.GELU for diffusers' GELU and looked up a method it does not have
+    Gelu = type("GELU", (Gate,), {})
+    model = GeluModel()
+    for block in model.blocks:
+        block.gate = Gelu()
+    torch_gelu = type(model.blocks[0].act)
+    model.blocks[0].act = type("GELU", (torch.nn.GELU,), {})()  # another class named GELU, too
+    ctx = _ctx(model)
+    narrowed = []
+    site = failures.FailureSite("method", path="blocks.0.gate", name="gelu", owner_class="GELU", owner_type=Gelu)
+    narrowed.append(entries._narrow(ctx, [site], narrowed))
+    assert narrowed == ["blocks.0.gate.gelu()"]
+    site = failures.FailureSite("method", path="blocks.1.gate", name="gelu", owner_class="GELU", owner_type=Gelu)
+    assert entries._narrow(ctx, [site], narrowed) == "gelu() of every GELU (2 modules)"
+    site = failures.FailureSite("module", path="blocks.1.act", owner_class="GELU", owner_type=torch_gelu)
+    assert entries._narrow(ctx, [site], narrowed) == "blocks.1.act"
+    assert sorted(ctx.eager_modules.names) == ["blocks.0.gate.gelu()", "blocks.1.act", "blocks.1.gate.gelu()"]
+    ctx.eager_modules.restore()
 
 
 def _ctx(model, **config):
     return entries.CaptureContext(model, model.forward, BCGConfig(**config), EagerModules(), None, lambda m: None, lambda: False)
 
 
+def _module(path, cls):
+    return failures.FailureSite("module", path=path, owner_class=cls.__name__, owner_type=cls)
+
+
 def test_a_second_failing_instance_makes_the_class_eager():
     model = Model()
     ctx = _ctx(model)
     narrowed = []
-    first = entries._narrow(ctx, failures.FailureSite("module", path="blocks.0", owner_class="Block"), narrowed)
+    first = entries._narrow(ctx, [_module("blocks.0", Block)], narrowed)
     assert first == "blocks.0" and ctx.eager_modules.names == ["blocks.0"]
     narrowed.append(first)
-    second = entries._narrow(ctx, failures.FailureSite("module", path="blocks.1", owner_class="Block"), narrowed)
+    second = entries._narrow(ctx, [_module("blocks.1", Block)], narrowed)
     assert second == "every Block (2 modules)" and sorted(ctx.eager_modules.names) == ["blocks.0", "blocks.1"]
     ctx.eager_modules.restore()
     assert "forward" not in model.blocks[0].__dict__ and "forward" not in model.blocks[1].__dict__
+
+
+def test_a_unit_that_is_eager_already_hands_the_failure_to_the_next_one_out():
+    model = Model()
+    ctx = _ctx(model)
+    assert entries._narrow(ctx, [_module("blocks.0", Block)], []) == "blocks.0"
+    # blocks.0 failed again (its call bypassed the eager wrapper): the next unit out is the transformer
+    assert entries._narrow(ctx, [_module("blocks.0", Block)], ["blocks.0"]) is None  # nothing further out
+    root = failures.FailureSite("root", owner_class="Model", owner_type=Model)
+    assert entries._narrow(ctx, [_module("blocks.0", Block), root], ["blocks.0"]) is entries.MODULE_MODE
+    ctx.eager_modules.restore()
 
 
 def test_a_method_failing_in_a_second_instance_is_made_eager_in_every_instance():
     model = Model()
     ctx = _ctx(model)
     narrowed = []
-    first = entries._narrow(ctx, failures.FailureSite("method", path="blocks.0", name="route", owner_class="Block"),
-                            narrowed)
+    route = [failures.FailureSite("method", path="blocks.0", name="route", owner_class="Block", owner_type=Block)]
+    first = entries._narrow(ctx, route, narrowed)
     assert first == "blocks.0.route()" and ctx.eager_modules.names == ["blocks.0.route()"]
     narrowed.append(first)
-    second = entries._narrow(ctx, failures.FailureSite("method", path="blocks.1", name="route", owner_class="Block"),
-                             narrowed)
+    route = [failures.FailureSite("method", path="blocks.1", name="route", owner_class="Block", owner_type=Block)]
+    second = entries._narrow(ctx, route, narrowed)
     assert second == "route() of every Block (2 modules)"
     assert sorted(ctx.eager_modules.names) == ["blocks.0.route()", "blocks.1.route()"]
-    assert ctx.eager_modules.method_paths("Block", "route") == ["blocks.0", "blocks.1"]
+    assert ctx.eager_modules.method_paths(Block, "route") == ["blocks.0", "blocks.1"]
     x = torch.randn(2, 4)
     assert torch.equal(model.blocks[1](x), model.blocks[1].proj(x))  # outside a capture: a plain call
     ctx.eager_modules.restore()
@@ -143,29 +234,47 @@ def test_a_method_failing_in_a_second_instance_is_made_eager_in_every_instance()
 def test_narrowing_stops_where_nothing_smaller_can_run_eagerly():
     model = Model()
     ctx = _ctx(model, max_narrowing=1)
-    assert entries._narrow(ctx, None, []) is None
-    assert entries._narrow(ctx, failures.FailureSite("builtin", path="out", owner_class="Linear"), []) is None
-    assert entries._narrow(ctx, failures.FailureSite("module", path="rope", owner_class="Rope"), ["x"]) is None  # limit
-    assert entries._narrow(ctx, failures.FailureSite("root", owner_class="Model"), []) is entries.MODULE_MODE
+    assert entries._narrow(ctx, [], []) is None
+    assert entries._narrow(ctx, [_module("rope", Rope)], ["x"]) is None  # limit
+    root = failures.FailureSite("root", owner_class="Model", owner_type=Model)
+    assert entries._narrow(ctx, [root], []) is entries.MODULE_MODE
     child = entries.CaptureContext(model.blocks[0], model.blocks[0].forward, BCGConfig(), EagerModules(), None,
                                    lambda m: None, lambda: False, root=model)
     # a child captured in module mode cannot be narrowed to itself
-    assert entries._narrow(child, failures.FailureSite("module", path="blocks.0", owner_class="Block"), []) is None
+    assert entries._narrow(child, [_module("blocks.0", Block)], []) is None
 
 
-def test_eager_methods_and_functions_are_undone_exactly():
+def test_a_problem_while_narrowing_never_reaches_the_caller(caplog):
+    model = Model()
+    ctx = _ctx(model)
+    bogus = failures.FailureSite("method", path="rope", name="missing", owner_class="Rope", owner_type=Rope)
+    with pytest.raises(Exception) as info:
+        model.rope.coords(torch.ones(1))
+    real_locate = failures.locate
+    try:
+        failures.locate = lambda exc, root: [bogus]
+        assert entries._narrow_safely(ctx, info.value, []) == (None, " in rope.missing() (Rope)")
+        failures.locate = lambda exc, root: 1 / 0
+        assert entries._narrow_safely(ctx, info.value, []) == (None, "")
+    finally:
+        failures.locate = real_locate
+    assert "narrowing after a failed capture of Model did not work (ZeroDivisionError" in caplog.text
+    assert ctx.eager_modules.names == []
+
+
+def test_eager_methods_are_undone_exactly():
     model = Model()
     parts = EagerModules()
     assert parts.add_method(model, "", "patchify") == "patchify()"
     assert parts.add_method(model, "rope", "coords") == "rope.coords()"
-    assert parts.add_function("_host_helpers", "host_value") == "_host_helpers.host_value()"
+    with pytest.raises(ValueError, match="Rope at 'rope' has no method 'missing'"):
+        parts.add_method(model, "rope", "missing")
     assert "patchify" in model.__dict__ and "coords" in model.rope.__dict__
-    assert helpers.host_value is not host_value
     with pytest.raises(RuntimeError, match="host tensor"):  # outside a capture: a plain call
         model.patchify(torch.ones(1))
     parts.restore()
     assert "patchify" not in model.__dict__ and "coords" not in model.rope.__dict__
-    assert helpers.host_value is host_value and parts.names == []
+    assert parts.names == []
 
 
 def test_module_mode_runs_children_through_their_slots_and_restores_them():
