@@ -12,8 +12,7 @@ import torch
 
 import bcg_diffusion as bcg
 import bcg_pipelines as pipelines
-from bcg_diffusion.integration.sabotage import ENV_SABOTAGE
-
+import _sabotage
 from _pipes import build, flux_inputs, run, tiny_flux_transformer, transformer_calls
 from _replay import assert_replayed, counters
 
@@ -27,8 +26,18 @@ def _calls(model, seeds):
 
 
 @pytest.fixture(autouse=True)
-def _no_sabotage(monkeypatch):
-    monkeypatch.delenv(ENV_SABOTAGE, raising=False)
+def _no_sabotage():
+    with _sabotage.suspended():
+        yield
+
+
+@pytest.fixture
+def sabotage():
+    """``sabotage(mode)`` breaks every capture of the test in ``mode`` (tests/_sabotage.py)."""
+    handles = []
+    yield lambda mode: handles.append(_sabotage.install(mode))
+    for handle in handles:
+        handle.remove()
 
 
 # every family: two-call CFG (Flux with true CFG here, Wan, ...), batched CFG, embedded guidance, none;
@@ -87,8 +96,8 @@ def test_a_forward_replaced_on_the_instance_runs_in_module_mode():
     bcg.remove_acceleration(model)
 
 
-def test_the_replay_check_fails_when_every_capture_falls_back(monkeypatch):
-    monkeypatch.setenv(ENV_SABOTAGE, "fallback")  # read at acceleration
+def test_the_replay_check_fails_when_every_capture_falls_back(sabotage):
+    sabotage("fallback")
     model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     outs, expected = _calls(model, range(3)), _calls(twin, range(3))
@@ -100,8 +109,8 @@ def test_the_replay_check_fails_when_every_capture_falls_back(monkeypatch):
     bcg.remove_acceleration(model)
 
 
-def test_stale_static_inputs_give_other_outputs_when_inputs_change(monkeypatch):
-    monkeypatch.setenv(ENV_SABOTAGE, "stale_inputs")
+def test_stale_static_inputs_give_other_outputs_when_inputs_change(sabotage):
+    sabotage("stale_inputs")
     model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     seeds = [0, 1, 1, 2]  # first call, capture, a replay of the same inputs, a replay of new ones
