@@ -319,17 +319,16 @@ def _never() -> bool:
 
 
 class Captures:
-    """What the captures of one runner share: its transformer, config and eager parts, one capture
-    stream, its watchers (told of each capture: :meth:`~.events.RunnerEvents.capturing` and
-    ``captured``) and its counters (a capture that worked, or failed; one that made module mode is
-    neither). ``evict_all`` frees the runner's other graphs when a capture of the transformer runs
-    out of memory."""
+    """What the captures of one runner share: its config and eager parts, one capture stream, its
+    watchers (told of each capture: :meth:`~.events.RunnerEvents.capturing` and ``captured``) and
+    its counters (a capture that worked, or failed; one that made module mode is neither).
+    ``evict_all`` frees the runner's other graphs when a capture of the transformer runs out of
+    memory."""
 
     def __init__(
-        self, root: torch.nn.Module, config: BCGConfig, eager_modules: EagerModules, events: Any, counts: CallCounters,
+        self, config: BCGConfig, eager_modules: EagerModules, events: Any, counts: CallCounters,
         warn: Callable[[str], None], evict_all: Callable[[], bool],
     ) -> None:
-        self.root = root
         self.config = config
         self.eager_modules = eager_modules
         self.events = events
@@ -338,16 +337,18 @@ class Captures:
         self.evict_all = evict_all
         self._stream: torch.cuda.Stream | None = None
 
-    def capture(self, module: torch.nn.Module, call: Call, key: GraphKey, layouts: list | None, pool: Any = None) -> GraphEntry:
-        """Capture ``call`` (``module``'s forward on static inputs: the transformer's, or a unit's
-        into ``pool``); see :func:`capture_entry`."""
+    def capture(
+        self, module: torch.nn.Module, call: Call, key: GraphKey, layouts: list | None, *,
+        root: torch.nn.Module | None = None, pool: Any = None,
+    ) -> GraphEntry:
+        """Capture ``call``, the forward of ``module`` on static inputs: the transformer's, or (with
+        its ``root``) one of its units, into ``pool``; see :func:`capture_entry`."""
         if self._stream is None and call.device_type == "cuda":
             self._stream = torch.cuda.Stream(call.tensors[0].device)
-        whole = module is self.root
         ctx = CaptureContext(
             module, call.forward, self.config, self.eager_modules, self._stream, self.warn,
-            self.evict_all if whole else _never,  # no eviction inside a call in module mode: its key's graphs run
-            root=None if whole else self.root, pool=pool,
+            self.evict_all if root is None else _never,  # no eviction inside a call in module mode: its key's graphs run
+            root=root, pool=pool,
         )
         entry = capture_entry(self.events.capturing(ctx), key, call.tensors, call.args, call.kwargs, layouts)
         self.events.captured(entry)

@@ -70,7 +70,7 @@ class GraphRunner:
         self.cache = GraphCache(config)
         breaks = InstalledBreaks(module, config.eager_modules, info.eager_functions)
         self.watch = StructureWatch(self.state, config, breaks, self.events, self.counts, self.clear)
-        self.captures = Captures(module, config, breaks.eager, self.events, self.counts, self._warn, self.cache.evict_all)
+        self.captures = Captures(config, breaks.eager, self.events, self.counts, self._warn, self.cache.evict_all)
         self._last_stream: torch.cuda.Stream | None = None
         self._lock = threading.RLock()
         self._local = threading.local()  # depth: inside a call of this runner in this thread
@@ -267,7 +267,7 @@ class GraphRunner:
         )
 
     def _capture_unit(self, module: torch.nn.Module, call: Call, key: GraphKey, layouts: list | None, pool: Any) -> GraphEntry:
-        return self.captures.capture(module, call, key, layouts, pool)
+        return self.captures.capture(module, call, key, layouts, root=self.module, pool=pool)
 
     def _warn(self, message: str) -> None:
         warn_once(self._warned, message)
