@@ -6,6 +6,7 @@ The diffusers integration in :mod:`bcg_diffusion` sits on top of it. See docs/ca
 
 from ._cudart import CaptureStatus, CudaRuntimeError, check_cuda, stream_capture_status
 from ._cudart import cudart as cuda_runtime
+from .active_capture import is_recording_segment
 from .boxing import _BCGBoxedTupleOutput, box_tuple, unbox_tuple
 from .capture import (
     BreakableCUDAGraphCapture,
@@ -41,6 +42,7 @@ __all__ = [
     "eager_on_graph",
     "get_current_replay_token",
     "is_capturing_breakable",
+    "is_recording_segment",
     "live_handles",
     "non_owning_view",
     "replay_token_scope",

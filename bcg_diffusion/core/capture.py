@@ -102,7 +102,9 @@ class _CaptureState:
         else:
             self.in_break = True
             try:
-                with bypassing_hooks():  # capture runs on placeholders: hook state must not advance
+                # capture runs on placeholders: hook state must not advance, and random numbers drawn
+                # here must not move torch's generators (a replay draws what the eager call draws)
+                with bypassing_hooks(), torch.random.fork_rng(devices=[self.stream.device]):
                     result = (capture_stub or fn)(*args, **kwargs)
             finally:
                 self.in_break = False

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -146,12 +147,7 @@ def _capture(
     name = type(ctx.module).__name__
     stream = ctx.stream
     start = time.perf_counter()
-    if ctx.config.debug:
-        graph = BreakableCUDAGraph()
-        with BreakableCUDAGraphCapture(graph, debug=True):
-            ctx.forward(*s_args, **s_kwargs)
-        elapsed = time.perf_counter() - start
-        return GraphEntry(graph, static, None, capture_time_s=elapsed, debug_inputs=(s_args, s_kwargs), phases={"record": elapsed})
+    debug = ctx.config.debug  # debug mode takes the same path, failures and narrowing included; it captures nothing
     narrowed: list[str] = []
     first_failure = ""  # where the first failure that led to narrowing was, and its operation
     retried = False
@@ -160,14 +156,16 @@ def _capture(
     while True:
         graph = BreakableCUDAGraph()
         attempt = time.perf_counter()
+        capture = (
+            BreakableCUDAGraphCapture(graph, debug=True) if debug
+            else BreakableCUDAGraphCapture(graph, pool=pool, stream=stream, capture_error_mode="thread_local")
+        )
         try:
-            with attention_layouts.using_layouts(layouts), BreakableCUDAGraphCapture(
-                graph, pool=pool, stream=stream, capture_error_mode="thread_local"
-            ):
+            with attention_layouts.using_layouts(layouts), _generators_kept(debug, static), capture:
                 outputs = ctx.forward(*s_args, **s_kwargs)
         except Exception as exc:
             failed_s += time.perf_counter() - attempt
-            if pool is not None:  # a failed capture's pool is not reused: retries get a fresh one
+            if pool is not None and not debug:  # a failed capture's pool is not reused: retries get a fresh one
                 pool = torch.cuda.graph_pool_handle()
             op = describe_failure(exc)
             if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
@@ -207,6 +205,12 @@ def _capture(
             f"{'runs as an eager break' if len(narrowed) == 1 else 'run as eager breaks'} and the rest is captured."
         )
     recorded = time.perf_counter()
+    if debug:
+        elapsed = recorded - start
+        return GraphEntry(
+            graph, static, None, capture_time_s=elapsed, eager_modules=narrowed, debug_inputs=(s_args, s_kwargs),
+            phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
+        )
     memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
     phases = dict(graph.capture_seconds)
@@ -219,6 +223,15 @@ def _capture(
 
 
 MODULE_MODE = "module mode"
+
+
+def _generators_kept(debug: bool, static: list) -> Any:
+    """In debug mode, torch's generators as they were after the capture run, as after a real capture
+    (which draws no numbers: its replays do), so that the replay after it draws what an eager call would."""
+    if not debug:
+        return contextlib.nullcontext()
+    devices = sorted({t.device.index or 0 for t in static if isinstance(t, torch.Tensor) and t.is_cuda})
+    return torch.random.fork_rng(devices=devices)
 
 
 def _narrow_safely(ctx: CaptureContext, exc: BaseException, narrowed: list[str]) -> tuple[str | None, str]:

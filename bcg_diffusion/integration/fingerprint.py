@@ -9,6 +9,15 @@ installed while at least one transformer is accelerated), which is what loading 
 LoRA and assigning new ``nn.Parameter`` objects do.
 Not covered: writes through ``param.data`` (no version bump); call ``clear_graphs(pipe)``.
 Under ``accelerate_pipeline`` the addresses and versions are read once per pipeline call.
+
+A buffer that the model's own forward reassigns during an accelerated call (OmniGen's rope sets
+``self.inv_freq = ...`` on every call) is the forward's state, not a weight: inside
+:func:`forward_state` the new value is written in place into the buffer it replaces (same shape,
+dtype, device and strides), so the buffer keeps its address for every reader, eager or captured, and
+a replay rewrites it as the eager call did (the copy is a kernel of the graph). Such buffers count in
+the fingerprint by address only. A reassignment that cannot be written in place (another shape, a
+tensor that needs gradients, an inference tensor outside inference mode) is a registration like any
+other: the fingerprint changes and the call gets a new key.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -26,6 +36,10 @@ _epoch = 0
 _version_of = operator.attrgetter("_version")
 
 
+_in_call = threading.local()  # depth: inside an accelerated call in this thread (see forward_state)
+# buffers a forward reassigned during an accelerated call, written in place (id -> tensor, weakly held)
+_forward_state: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+_state_epoch = 0  # bumped when a buffer joins _forward_state
 _transient = threading.local()  # per thread: a stack of {(id(module), name): (module, name, first old value)}
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)
@@ -60,6 +74,56 @@ def transient_registrations() -> Iterator[None]:
             _bump()
 
 
+@contextlib.contextmanager
+def forward_state() -> Iterator[None]:
+    """Inside the block (an accelerated call in this thread), a buffer the forward reassigns is
+    written in place into the buffer it replaces (see the module docstring)."""
+    _in_call.depth = getattr(_in_call, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _in_call.depth -= 1
+
+
+def _kept_in_place(module: Any, name: str, value: Any) -> torch.Tensor | None:
+    """The buffer ``name`` of ``module`` with ``value`` written into it, when ``value`` can replace it in
+    place; ``None`` otherwise (the assignment is then an ordinary registration)."""
+    buffers = module.__dict__.get("_buffers")
+    old = buffers.get(name) if buffers is not None else None
+    if (
+        type(old) is not torch.Tensor or type(value) is not torch.Tensor or old is value
+        or old.shape != value.shape or old.dtype != value.dtype or old.device != value.device
+        or old.stride() != value.stride() or old.requires_grad or value.requires_grad
+    ):
+        return None
+    try:
+        with torch.no_grad():
+            old.copy_(value)
+    except RuntimeError:  # an inference tensor outside inference mode, overlapping memory, ...
+        return None
+    global _state_epoch
+    if id(old) not in _forward_state:
+        _forward_state[id(old)] = old
+        _state_epoch += 1
+    return old
+
+
+def _on_buffer(module: Any = None, name: Any = None, value: Any = None) -> torch.Tensor | None:
+    """torch's global buffer registration hook: a reassignment inside an accelerated call is written
+    in place (returned, torch registers it: the same tensor); anything else bumps the epoch."""
+    if getattr(_in_call, "depth", 0) and module is not None:
+        kept = _kept_in_place(module, name, value)
+        if kept is not None:
+            return kept
+    _bump(module, name, value)
+    return None
+
+
+def is_forward_state(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a buffer that a forward reassigns during its calls (kept in place)."""
+    return _forward_state.get(id(tensor)) is tensor
+
+
 def _value_now(module: Any, name: str) -> Any:
     for slots in _SLOTS:
         table = module.__dict__.get(slots)
@@ -77,14 +141,14 @@ def registration_epoch() -> int:
 def _install_hooks() -> None:
     from torch.nn.modules import module as nn_module
 
-    for name in (
-        "register_module_parameter_registration_hook",
-        "register_module_buffer_registration_hook",
-        "register_module_module_registration_hook",
+    for name, hook in (
+        ("register_module_parameter_registration_hook", _bump),
+        ("register_module_buffer_registration_hook", _on_buffer),
+        ("register_module_module_registration_hook", _bump),
     ):
         register = getattr(nn_module, name, None)
         if register is not None:
-            _torch_handles.append(register(_bump))
+            _torch_handles.append(register(hook))
 
 
 def _remove_hooks() -> None:
@@ -108,7 +172,9 @@ class WeightsFingerprint:
     def __init__(self, module: torch.nn.Module, every_call: bool = True) -> None:
         self._module = module
         self._epoch = -1
+        self._state_epoch = -1
         self._tensors: list[torch.Tensor] = []
+        self._state: list[torch.Tensor] = []  # buffers the forward reassigns (by address only)
         self._wrappers: list[torch.Tensor] = []
         self._adapters: list[Any] = []
         self.every_call = every_call
@@ -119,26 +185,30 @@ class WeightsFingerprint:
         self._cached = None
 
     def current(self) -> tuple:
-        """The fingerprint: recomputed every call, or cached until :meth:`invalidate` or a
-        parameter/buffer/module registration anywhere."""
-        if self.every_call or self._cached is None or self._epoch != _epoch:
+        """The fingerprint: recomputed every call, or cached until :meth:`invalidate`, a
+        parameter/buffer/module registration anywhere, or a buffer found to be forward state."""
+        if self.every_call or self._cached is None or self._epoch != _epoch or self._state_epoch != _state_epoch:
             self._cached = self.compute()
         return self._cached
 
     def _refresh(self) -> None:
         module = self._module
         owned = [p for p in module.parameters()] + [b for b in module.buffers()]
+        self._state = [t for t in owned if is_forward_state(t)]
+        owned = [t for t in owned if not is_forward_state(t)]
         self._tensors = [t for t in owned if getattr(type(t), "__tensor_flatten__", None) is None]
         self._wrappers = [t for t in owned if getattr(type(t), "__tensor_flatten__", None) is not None]
         self._adapters = [m for m in module.modules() if isinstance(getattr(m, "scaling", None), dict)]
         self._epoch = _epoch
+        self._state_epoch = _state_epoch
 
     def compute(self) -> tuple:
-        if self._epoch != _epoch or not (self._tensors or self._wrappers):
+        if self._epoch != _epoch or self._state_epoch != _state_epoch or not (self._tensors or self._wrappers):
             self._refresh()
         # wrapper subclasses are expanded on every computation: their inner tensors can be replaced
         tensors = self._tensors + [leaf for w in self._wrappers for leaf in storage_tensors(w)]
-        ptrs = tuple(sorted(map(torch.Tensor.data_ptr, tensors)))  # the order of parameters() follows registration order
+        # the order of parameters() follows registration order; forward state counts by address only
+        ptrs = tuple(sorted(map(torch.Tensor.data_ptr, tensors + self._state)))
         versions = sum(map(_version_of, tensors))
         adapters = tuple(sorted((_adapter_state(m) for m in self._adapters), key=repr))
         return (len(tensors), hash(ptrs), versions, adapters)

@@ -71,12 +71,14 @@ def _children(module: torch.nn.Module, prefix: str) -> list[tuple[str, torch.nn.
 def replay_units(root: torch.nn.Module, spine: set[str], skip: set[str]) -> list[tuple[str, torch.nn.Module]]:
     """The replay units of ``root`` for an eager ``spine`` (paths, root excluded) and hooked
     modules ``skip`` (see the module docstring)."""
-    units = []
+    units, seen = [], set()
     for owner in [""] + sorted(spine):
         module = root.get_submodule(owner) if owner else root
+        # a container on the spine (``blocks``) lists the children its parent already looked through it for
         for path, child in _children(module, f"{owner}." if owner else ""):
-            if path in spine or path in skip or next(child.children(), None) is None:
+            if path in spine or path in skip or path in seen or next(child.children(), None) is None:
                 continue
+            seen.add(path)
             units.append((path, child))
     return units
 

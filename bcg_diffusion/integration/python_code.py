@@ -26,7 +26,7 @@ KNOWN_PURE_PREFIXES = (
     "cache_dit.caching.patch_functors.",  # cache-dit's re-implementations of diffusers forwards
 )
 # Modules whose classes are trusted as they are (their forwards are class code).
-_TRUSTED_PROCESSOR_PREFIXES = ("diffusers.", "bcg_diffusion.", "torch.")
+_TRUSTED_PROCESSOR_PREFIXES = ("diffusers.", "torch.")  # this library ships no processor
 _UNWRAP_DEPTH = 16
 
 
@@ -35,7 +35,8 @@ class OpaqueCode:
     """A piece of opaque Python: where it is and what it is (shown in logs and stats)."""
 
     path: str  # module path in the transformer ("" for the transformer itself)
-    what: str  # "forward replaced on the instance", "class forward reassigned", "custom attention processor"
+    what: str  # "forward replaced on the instance", "class forward reassigned", "custom attention processor",
+    # "processor __call__ reassigned"
     code: str  # qualified name of the function or class
 
     def describe(self, root_name: str) -> str:
@@ -135,14 +136,40 @@ def classify_forward(module: torch.nn.Module, fn: Callable, path: str, pure_name
     return OpaqueCode(path, "forward replaced on the instance", qualified_name(innermost_function(fn)))
 
 
+def _call_reassigned(cls: type) -> Any:
+    """The function that ``cls.__call__`` was reassigned to (``Processor.__call__ = my_call``), or
+    ``None`` when it is the ``__call__`` written in the body of the class that holds it."""
+    owner = _defining_class(cls, "__call__")
+    if owner is None or owner is object:
+        return None
+    function = owner.__dict__["__call__"]
+    try:
+        return _foreign_call(owner, function)
+    except TypeError:  # unhashable descriptor: look without the cache
+        return _foreign_call.__wrapped__(owner, function)
+
+
+@functools.lru_cache(maxsize=512)
+def _foreign_call(owner: type, function: Any) -> Any:
+    code = innermost_function(function)
+    expected = f"{owner.__qualname__}.__call__"
+    if getattr(code, "__qualname__", None) == expected and getattr(code, "__module__", None) == owner.__module__:
+        return None
+    return function
+
+
 def custom_processor(processor: Any, path: str, pure_names: tuple[str, ...]) -> OpaqueCode | None:
-    """An attention processor whose class does not come from diffusers (or torch, or this library)
-    and is not declared pure: its ``__call__`` is Python the key cannot see."""
+    """An attention processor whose class does not come from diffusers (or torch, or this library),
+    or whose class ``__call__`` was reassigned, and is not declared pure: its ``__call__`` is Python
+    the key cannot see."""
     if processor is None:
         return None
     cls = type(processor)
     if cls.__module__.startswith(_TRUSTED_PROCESSOR_PREFIXES):
-        return None
+        reassigned = _call_reassigned(cls)
+        if reassigned is None or is_pure(reassigned, pure_names):
+            return None
+        return OpaqueCode(path, "processor __call__ reassigned", qualified_name(innermost_function(reassigned)))
     call = getattr(cls, "__call__", None)
     if is_pure(cls, pure_names) or (call is not None and is_pure(call, pure_names)):
         return None

@@ -98,7 +98,9 @@ class GraphRunner:
         if self._closed or getattr(self._local, "depth", 0):
             # closed, or a foreign forward calling the forward it replaced, inside this runner's eager call
             return self.watch.chain.forward_at(level)(*args, **kwargs)
-        with self._lock, self.events.calling():  # context parallelism: a rank that raises tells the others
+        # context parallelism: a rank that raises tells the others; forward_state: buffers the forward
+        # reassigns are written in place (fingerprint.py)
+        with self._lock, self.events.calling(), fingerprint.forward_state():
             self._local.depth = 1
             try:
                 self.watch.follow()

@@ -339,3 +339,68 @@ def test_plain_objects_are_keyed_by_identity_and_state():
     assert flatten_inputs((), {"kv": cache}, device_type="cuda")[0] != first
     with pytest.raises(UncacheableInput):  # without a device type objects stay uncacheable
         flatten_inputs((), {"kv": cache})
+
+
+def test_a_container_on_the_eager_spine_lists_no_unit_twice():
+    # blocks.0's Linear replaced on the instance puts blocks and blocks.0 on the spine; blocks (a ModuleList)
+    # is looked through by the root too: listed twice, a unit captured its own interceptor (a nested capture)
+    model = Model()
+    units = [p for p, _ in replay_units(model, spine={"blocks", "blocks.0", "blocks.0.proj"}, skip=set())]
+    assert units == ["blocks.1"]
+
+
+class HostReadBlock(torch.nn.Module):
+    """Reads a value on the host: under a debug-mode capture, raises what CUDA raises in a real one."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        from bcg_diffusion.core import is_recording_segment
+
+        if is_recording_segment():
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return self.proj(x) * (1.0 + (x.abs().mean().item() % 1.0) * 1e-2)
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), HostReadBlock(), Block()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x + torch.randn_like(x) * 1e-2  # torch random numbers in the captured part
+
+
+def test_debug_mode_narrows_a_failed_capture_as_a_real_capture_does():
+    import warnings
+
+    import bcg_diffusion as bcg
+
+    torch.manual_seed(0)
+    model, twin = Noisy(), Noisy()
+    twin.load_state_dict(model.state_dict())
+    inputs = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    expected = []
+    with torch.no_grad():
+        for i, x in enumerate(inputs):
+            torch.manual_seed(100 + i)
+            expected.append(twin(x))
+    bcg.accelerate_transformer(model, bcg.BCGConfig(debug=True, allow_unknown=True))
+    try:
+        got = []
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            for i, x in enumerate(inputs):
+                torch.manual_seed(100 + i)  # the capture run keeps the generator: the replay draws as eagerly
+                got.append(model(x))
+        stats = bcg.get_stats(model)
+    finally:
+        bcg.remove_acceleration(model)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert stats.hits == 3 and stats.failed_captures == 0 and stats.entries[0].eager_modules == ("blocks.1",), str(stats)
+    messages = [str(w.message) for w in caught if issubclass(w.category, bcg.BCGCaptureWarning)]
+    assert len(messages) == 1 and "failed in blocks.1 (HostReadBlock)" in messages[0], messages

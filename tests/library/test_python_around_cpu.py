@@ -6,6 +6,8 @@ calls replayed. test_python_around_gpu.py proves the same with captured graphs."
 
 import pytest
 
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
 import bcg_diffusion as bcg
 import _patterns as pat
 from bcg_diffusion.integration.python_code import classify_forward, qualified_name
@@ -99,3 +101,24 @@ def test_classification_of_forwards():
     assert classify_forward(block, replacement, "b", ("test_python_around_cpu.",)) is None
     with pytest.raises(ValueError, match="pure_forwards"):
         bcg.BCGConfig(pure_forwards="mod.fn")
+
+
+def test_a_processor_class_call_reassigned_runs_eagerly_every_call():
+    accelerated, twin = pat.tiny_flux(), pat.tiny_flux()
+    original = FluxAttnProcessor.__call__
+    calls = {}
+
+    def counting_call(self, attn, *args, **kwargs):  # host state in a diffusers processor class, patched
+        calls[id(attn)] = calls.get(id(attn), 0) + 1  # per attention module: the twin counts its own
+        out = original(self, attn, *args, **kwargs)
+        factor = 0.5 if calls[id(attn)] % 3 == 0 else 1.0
+        return tuple(o * factor for o in out) if isinstance(out, tuple) else out * factor
+
+    FluxAttnProcessor.__call__ = counting_call
+    try:
+        bcg.accelerate_transformer(accelerated, DEBUG)
+        pat.compare(accelerated, twin)
+        _module_mode(accelerated, "processor __call__ reassigned")
+    finally:
+        FluxAttnProcessor.__call__ = original
+        bcg.remove_acceleration(accelerated)

@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = "bcg_diffusion"
 FIXTURES = "bcg_pipelines"  # the folder pipelines/, as it installs
-TOOL_PACKAGES = ("bcg_diffusion.benchmarks", "bcg_diffusion.cli", "bcg_diffusion.serving")
+TOOL_PACKAGES = ("bcg_diffusion.benchmarks", "bcg_diffusion.checks", "bcg_diffusion.cli", "bcg_diffusion.serving")
 PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
 #: The user API, which the integration sits below (config, errors, families and stats are shared by both).
 API_MODULES = ("bcg_diffusion", "bcg_diffusion.accelerate", "bcg_diffusion.compile_cache", "bcg_diffusion.step_caches",

@@ -1,0 +1,6 @@
+"""Correctness checks of the library against eager twins (tools, not part of the library).
+
+- :mod:`.planting`: plants work a graph cannot hold or must not bake in at seeded sites of the zoo's
+  models and checks each planted model against an eager twin with the same plant
+  (``python -m bcg_diffusion.checks.planting --seed S --plants N --out DIR``).
+"""

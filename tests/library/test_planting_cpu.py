@@ -1,0 +1,116 @@
+"""The planting harness's plumbing on the CPU (debug mode: the runner's real path with segments run
+eagerly, host reads raising what CUDA raises where a capture would record them): plans from a seed,
+sites from a survey, plants put in and taken out exactly, the verdicts, the reports. That replays
+stay bitwise with captured graphs is the GPU test's claim (test_planting_gpu.py)."""
+
+import json
+
+import pytest
+import torch
+
+import bcg_diffusion as bcg
+from bcg_diffusion.checks import planting
+from bcg_diffusion.checks.planting_kinds import KINDS, PlantState
+from bcg_diffusion.checks.planting_report import summary
+from bcg_diffusion.checks.planting_sites import SITE_KINDS, Plant, Site, install, map_first_float
+
+CPU = torch.device("cpu")
+FLUX = "FluxTransformer2DModel"
+
+
+@pytest.fixture(scope="module")
+def flux():
+    return planting.build_bundle(planting.planted_cases(FLUX)[0], CPU, torch.float32, planting.CALLS)
+
+
+def test_plans_are_reproducible_from_the_seed_and_cover_every_pair():
+    cases = planting.planted_cases()
+    assert len({c.class_name for c in cases}) == len(cases) >= 65  # one case per class
+    assert not {c.name for c in cases} & planting.NOT_CAPTURED
+    first, again, other = planting.plan(3, 200, cases), planting.plan(3, 200, cases), planting.plan(4, 200, cases)
+    assert first == again and first != other
+    pairs = {(s.site_kind, s.kind) for s in planting.plan(0, len(SITE_KINDS) * len(KINDS), cases)}
+    assert len(pairs) == len(SITE_KINDS) * len(KINDS)
+
+
+def test_the_survey_finds_every_site_kind_and_choices_follow_the_seed(flux):
+    for kind in SITE_KINDS:
+        assert flux.survey.of(kind), kind
+    assert "torch.nn.functional.gelu" in [s.target for s in flux.survey.of("torch_function")]
+    spec = planting.PlantSpec(7, flux.case.name, "free_function", "item")
+    assert planting.choose_site(spec, flux.survey, 0) == planting.choose_site(spec, flux.survey, 0)
+
+
+@pytest.mark.parametrize("site_kind", SITE_KINDS)
+def test_plants_are_undone_exactly(flux, site_kind):
+    import sys
+
+    site = flux.survey.of(site_kind)[0]
+    owner, name = (sys.modules[site.target.rpartition(".")[0]], site.target.rpartition(".")[2]) \
+        if site_kind in ("free_function", "torch_function") else (None, None)
+    before = [dict(vars(m)) for m in flux.model.modules()]
+    function = getattr(owner, name) if owner is not None else None
+    classes = {t: dict(vars(t)) for t in {type(m) for m in flux.model.modules()}}
+    undo = install(site, Plant(KINDS["counter"], PlantState(), flux.paths), (flux.model, flux.twin))
+    undo()
+    assert [dict(vars(m)) for m in flux.model.modules()] == before
+    assert {t: dict(vars(t)) for t in classes} == classes
+    if owner is not None:
+        assert getattr(owner, name) is function
+
+
+def test_map_first_float_changes_only_the_first_floating_tensor():
+    ids, x, y = torch.arange(3), torch.ones(2), torch.ones(2)
+    out, done = map_first_float((ids, {"a": x, "b": y}), lambda t: t * 2)
+    assert done and out[0] is ids and torch.equal(out[1]["a"], x * 2) and out[1]["b"] is y
+    assert map_first_float((ids, None), lambda t: t * 2) == ((ids, None), False)
+
+
+@pytest.mark.parametrize("site_kind, kind", [
+    ("free_function", "item"),  # a host read in a helper of the model file: narrowed to the module calling it
+    ("torch_function", "bool_mask"),  # a torch function replaced process-wide: narrowed, several modules
+    ("module_instance", "counter"),  # a replaced forward: module mode
+    ("hook", "synchronize"),  # a diffusers hook: runs eagerly around a captured body
+])
+def test_plants_in_debug_mode_are_equal_replay_and_are_named(flux, site_kind, kind):
+    spec = planting.PlantSpec(11, flux.case.name, site_kind, kind)
+    result = planting.run_plant(spec, flux, 0, CPU)
+    assert result.status == "ok" and result.passed, result
+    assert result.replayed_calls >= 2 and result.counters["hits"] >= 2, result
+    if site_kind in ("free_function", "torch_function"):
+        # the emulated capture error ran the library's failure handling: narrowed, one warning naming the place
+        assert result.fired_in_capture > 0 and result.eager_modules and result.named, result
+        assert any("operation not permitted when stream is capturing" in m for m in result.messages)
+    if site_kind == "module_instance":
+        assert result.module_mode and result.named and result.counters["child_hits"] > 0, result
+    assert not bcg.is_accelerated(flux.model)
+
+
+def test_the_verdicts_tell_an_assumption_from_a_failure(flux):
+    # a call counter in a torch function replaced process-wide: code the library takes for torch's own.
+    # In debug mode the capture run counts one call more than the eager twin: the outputs differ, and
+    # the plant is reported under the documented assumption, not as a failure.
+    spec = planting.PlantSpec(5, flux.case.name, "torch_function", "counter")
+    result = planting.run_plant(spec, flux, 0, CPU, site=Site("torch_function", "torch.nn.functional.gelu"))
+    assert result.assumption and result.status == "different" and result.passed, result
+    failed = planting.PlantResult(1, FLUX, "hook", "item", "host read", site="hook:x", status="different",
+                                  equal=[True, False], replayed_calls=2)
+    crashed = planting.PlantResult(2, FLUX, "hook", "item", "host read", site="hook:x", status="crash")
+    unnamed = planting.PlantResult(3, FLUX, "hook", "item", "host read", site="hook:x", status="ok", replayed_calls=1,
+                                   named=False)
+    eager = planting.PlantResult(4, FLUX, "hook", "item", "host read", site="hook:x", status="ok", replayed_calls=0)
+    assert not any(r.passed for r in (failed, crashed, unnamed, eager))
+    totals = summary([result, failed, crashed, unnamed, eager])
+    assert (totals["different"], totals["crashes"], totals["named_missing"], totals["assumption"]) == (1, 1, 1, 1)
+    assert totals["replayed"] == 3
+
+
+def test_the_command_writes_its_reports(tmp_path, capsys):
+    assert planting.main(["--seed", "2", "--plants", "2", "--classes", FLUX, "--out", str(tmp_path),
+                          "--commit", "abc123"]) == 0
+    report = json.loads((tmp_path / "planting.json").read_text())
+    assert report["header"]["commit"] == "abc123" and len(report["plants"]) == 2
+    assert report["summary"]["ran"] == 2 and report["summary"]["crashes"] == 0
+    text = (tmp_path / "planting.md").read_text()
+    assert "Commit `abc123`" in text and "## By kind" in text and "## By site kind" in text
+    assert "plants run: 2 of 2" in capsys.readouterr().out
