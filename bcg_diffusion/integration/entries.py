@@ -141,74 +141,102 @@ def capture_entry(
         return _capture(ctx, key, static, s_args, s_kwargs, layouts)
 
 
+@dataclass
+class _Attempts:
+    """One key's capture across its attempts: the parts made eager so far, the first failure that
+    led to narrowing, whether the one plain retry was made, the host seconds of failed attempts,
+    and the memory pool the next attempt captures into."""
+
+    ctx: CaptureContext
+    start: float
+    pool: Any
+    narrowed: list[str] = field(default_factory=list)
+    first_failure: str = ""
+    retried: bool = False
+    failed_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return type(self.ctx.module).__name__
+
+
 def _capture(
     ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict, layouts: list | None
 ) -> GraphEntry:
-    name = type(ctx.module).__name__
-    stream = ctx.stream
-    start = time.perf_counter()
     debug = ctx.config.debug  # debug mode takes the same path, failures and narrowing included; it captures nothing
-    narrowed: list[str] = []
-    first_failure = ""  # where the first failure that led to narrowing was, and its operation
-    retried = False
-    failed_s = 0.0
-    pool = ctx.pool
+    attempts = _Attempts(ctx, time.perf_counter(), ctx.pool)
     while True:
         graph = BreakableCUDAGraph()
         attempt = time.perf_counter()
         capture = (
             BreakableCUDAGraphCapture(graph, debug=True) if debug
-            else BreakableCUDAGraphCapture(graph, pool=pool, stream=stream, capture_error_mode="thread_local")
+            else BreakableCUDAGraphCapture(graph, pool=attempts.pool, stream=ctx.stream, capture_error_mode="thread_local")
         )
         try:
             with attention_layouts.using_layouts(layouts), _generators_kept(debug, static), capture:
                 outputs = ctx.forward(*s_args, **s_kwargs)
         except Exception as exc:
-            failed_s += time.perf_counter() - attempt
-            if pool is not None and not debug:  # a failed capture's pool is not reused: retries get a fresh one
-                pool = torch.cuda.graph_pool_handle()
-            op = describe_failure(exc)
-            if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
-                continue
-            if not retried:
-                # Another thread's device-wide synchronisation (torch.cuda.synchronize, empty_cache)
-                # invalidates any capture in the process: try once more as it is before narrowing.
-                retried = True
-                logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
-                continue
-            action, where = _narrow_safely(ctx, exc, narrowed)
-            first_failure = first_failure or f"{where} ({op})"
-            elapsed = time.perf_counter() - start
-            also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
-            if action is MODULE_MODE:
-                ctx.warn(
-                    f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
-                    "each call of its blocks and other submodules replays a graph of its own (module mode)."
-                )
-                return GraphEntry(
-                    None, [], None, capture_time_s=elapsed, eager_modules=narrowed, module_mode=True,
-                    phases={"retries": failed_s},
-                )
-            if action is None:
-                ctx.warn(
-                    f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
-                    "module in BCGConfig.eager_modules, or use debug=True to investigate."
-                )
-                return GraphEntry(None, [], None, fallback=op, capture_time_s=elapsed)
-            narrowed.append(action)
-            logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
+            attempts.failed_s += time.perf_counter() - attempt
+            given_up = _after_failure(attempts, exc)
+            if given_up is not None:
+                return given_up
             continue
-        break
-    if narrowed:
+        return _captured(attempts, key, graph, static, outputs, attempt, (s_args, s_kwargs))
+
+
+def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
+    """What a failed attempt leads to: ``None`` to try again (after evicting for memory, once as it
+    is, or with one more part eager), or the entry of a key that runs eagerly or in module mode."""
+    ctx, name = attempts.ctx, attempts.name
+    if attempts.pool is not None and not ctx.config.debug:  # a failed capture's pool is not reused: retries get a fresh one
+        attempts.pool = torch.cuda.graph_pool_handle()
+    op = describe_failure(exc)
+    if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
+        return None
+    if not attempts.retried:
+        # Another thread's device-wide synchronisation (torch.cuda.synchronize, empty_cache)
+        # invalidates any capture in the process: try once more as it is before narrowing.
+        attempts.retried = True
+        logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
+        return None
+    narrowed = attempts.narrowed
+    action, where = _narrow_safely(ctx, exc, narrowed)
+    attempts.first_failure = attempts.first_failure or f"{where} ({op})"
+    elapsed = time.perf_counter() - attempts.start
+    also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
+    if action is MODULE_MODE:
         ctx.warn(
-            f"bcg: capture of {name} failed{first_failure}; {', '.join(narrowed)} now "
+            f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
+            "each call of its blocks and other submodules replays a graph of its own (module mode)."
+        )
+        return GraphEntry(None, [], None, capture_time_s=elapsed, eager_modules=narrowed, module_mode=True,
+                          phases={"retries": attempts.failed_s})
+    if action is None:
+        ctx.warn(
+            f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
+            "module in BCGConfig.eager_modules, or use debug=True to investigate."
+        )
+        return GraphEntry(None, [], None, fallback=op, capture_time_s=elapsed)
+    narrowed.append(action)
+    logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
+    return None
+
+
+def _captured(
+    attempts: _Attempts, key: GraphKey, graph: BreakableCUDAGraph, static: list, outputs: Any, attempt: float,
+    static_call: tuple,
+) -> GraphEntry:
+    """The entry of a capture that worked (in debug mode: ran), with its memory and phases."""
+    start, narrowed, failed_s = attempts.start, attempts.narrowed, attempts.failed_s
+    if narrowed:
+        attempts.ctx.warn(
+            f"bcg: capture of {attempts.name} failed{attempts.first_failure}; {', '.join(narrowed)} now "
             f"{'runs as an eager break' if len(narrowed) == 1 else 'run as eager breaks'} and the rest is captured."
         )
     recorded = time.perf_counter()
-    if debug:
-        elapsed = recorded - start
+    if attempts.ctx.config.debug:
         return GraphEntry(
-            graph, static, None, capture_time_s=elapsed, eager_modules=narrowed, debug_inputs=(s_args, s_kwargs),
+            graph, static, None, capture_time_s=recorded - start, eager_modules=narrowed, debug_inputs=static_call,
             phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
         )
     memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
@@ -219,7 +247,8 @@ def _capture(
     if failed_s:
         phases["retries"] = failed_s
     logger.debug("bcg: captured %s: %r in %.3f s (%s)", key.summary(), graph, elapsed, phases)
-    return GraphEntry(graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed, phases=phases)
+    return GraphEntry(graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
+                      phases=phases)
 
 
 MODULE_MODE = "module mode"
