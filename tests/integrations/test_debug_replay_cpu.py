@@ -120,3 +120,31 @@ def test_stale_static_inputs_give_other_outputs_when_inputs_change(sabotage):
     assert not torch.equal(outs[3], expected[3])  # new inputs: the stale replay is caught by the comparison
     assert bcg.get_stats(model).hits == 3  # the counters cannot tell: only changing inputs do
     bcg.remove_acceleration(model)
+
+
+_STARTED = """
+import torch
+import bcg_diffusion as bcg
+model = bcg.accelerate_transformer(torch.nn.Linear(4, 4), bcg.BCGConfig(debug=True, allow_unknown=True))
+with torch.no_grad():
+    for _ in range(3):
+        model(torch.randn(2, 4))
+stats = bcg.get_stats(model)
+print("counters", stats.failed_captures, stats.hits, stats.eager_calls)
+"""
+
+
+def test_a_process_the_tests_start_is_sabotaged_too():
+    """What a sabotaged session starts (a server, a torchrun worker) breaks its captures as well: with
+    tests/sabotage_site on its PYTHONPATH (the conftest puts it there) the sabotage installs itself once
+    the library's runner events are imported. Normally the three calls would be 1 warm-up and 2 replays."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site = Path(_sabotage.__file__).resolve().parent / "sabotage_site"
+    env = {**os.environ, _sabotage.ENV_SABOTAGE: "fallback", "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", _STARTED], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-4:] == ["counters", "1", "0", "2"], proc.stdout  # the capture fell back: nothing replays
