@@ -97,18 +97,21 @@ class GraphRunner:
         """A call through the forward chain at ``level`` (0: through the ``bcg_graphs`` hook)."""
         if self._closed or getattr(self._local, "depth", 0):
             # closed, or a foreign forward calling the forward it replaced, inside this runner's eager call
-            return self.watch.chain.forward_at(level)(*args, **kwargs)
+            return self._pass_through(level, args, kwargs)
         # context parallelism: a rank that raises tells the others; forward_state: buffers the forward
         # reassigns are written in place (fingerprint.py)
         with self._lock, self.events.calling(), fingerprint.forward_state():
             self._local.depth = 1
             try:
-                self.watch.follow()
                 return self._call(level, args, kwargs)
             finally:
                 self._local.depth = 0
 
+    def _pass_through(self, level: int, args: tuple, kwargs: dict) -> Any:
+        return self.watch.chain.forward_at(level)(*args, **kwargs)
+
     def _call(self, level: int, args: tuple, kwargs: dict) -> Any:
+        self.watch.follow()  # parallelism, forward chain and structure: a change drops the graphs
         kwargs = pad_text_to_bucket(self.info, self.config.text_buckets, kwargs)
         call = Call.read(self.watch.forward_for(level), args, kwargs, self.device_type)
         if call.unkeyed is not None:
