@@ -108,7 +108,7 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 class CaptureContext:
     """What a capture needs from its runner."""
 
-    module: torch.nn.Module  # what is captured: the transformer, or one child of it in module mode
+    module: torch.nn.Module  # what is captured: the transformer, or one of its units in module mode
     forward: Callable
     config: BCGConfig
     eager_modules: EagerModules

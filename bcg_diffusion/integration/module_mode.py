@@ -217,7 +217,7 @@ class UnitGraphs:
         if slot is not None:
             variants.move_to_end(inputs)
             return slot
-        slot = variants[inputs] = Slot(GraphKey(inputs, (("module_mode_child", where[0]),), None))
+        slot = variants[inputs] = Slot(GraphKey(inputs, (("module_mode_unit", where[0]),), None))
         while len(variants) > MAX_LAYOUTS_PER_CALL:
             variants.popitem(last=False)[1].release()
         return slot

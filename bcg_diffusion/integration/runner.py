@@ -11,6 +11,12 @@ mode, or eager. What the runner holds is split by what it is about: the slots in
 :class:`~.structure_watch.StructureWatch`, the captures' common set-up in
 :class:`~.entries.Captures`, the counters in :class:`~bcg_diffusion.stats.CallCounters`, and its
 watchers (context parallelism, tests) in :class:`~.events.RunnerEvents`.
+
+One name per idea: a *key* (:class:`~.keys.GraphKey`) is what a capture bakes in; its *slot* is
+where the key stands; an *entry* (:class:`~.entries.GraphEntry`) is what one capture made; a *unit*
+is a module that replays a graph of its own in module mode, and a *unit call* one call of it in a
+transformer call (``BCGStats``' ``child_*`` counters count unit calls); a *break* is anything that
+runs eagerly between segments (:mod:`.breaks`).
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def test_module_mode_runs_units_through_their_slots_and_restores_them():
     captured = []
 
     def capture(module, call, key, layouts, pool):
-        captured.append(dict(key.state)["module_mode_child"])
+        captured.append(dict(key.state)["module_mode_unit"])
         return entries.GraphEntry(None, call.tensors, None, fallback="no CUDA here")
 
     units = replay_units(model, spine=set(), skip={"rope"})
