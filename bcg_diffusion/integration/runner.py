@@ -40,7 +40,7 @@ from .graph_cache import GraphCache
 from .keys import GRAD_MODE_FIELDS, Call, GraphKey, build_key
 from .model_state import ModelState
 from .module_mode import UnitGraphs
-from .slots import CAPTURE, EAGER, MODULE, REPLAY, WARMUP, Slot
+from .slots import CAPTURE, MODULE, REPLAY, WARMUP, Slot
 from ..stats import BCGStats, CallCounters
 from .static_inputs import static_copy
 from .structure_watch import StructureWatch
@@ -152,9 +152,10 @@ class GraphRunner:
         if path == MODULE:
             slot.entry.hits += 1
             self.counts.hits += 1
-        if path in (MODULE, _FIRST_UNITS):
             return self._run_units(slot, call)
-        return self._eager(call, slot.refused if path == EAGER else None)
+        if path == _FIRST_UNITS:
+            return self._run_units(slot, call)
+        return self._eager(call, slot.refused)  # eager (why is logged once), or a fallback
 
     def _eager(self, call: Call, reason: str | None) -> Any:
         self.counts.eager_calls += 1
