@@ -41,7 +41,8 @@ class _AfterEvents(importlib.abc.MetaPathFinder):
 
         def exec_module(module):  # noqa: ANN001, ANN202
             run(module)
-            _install_sabotage()
+            if "_sabotage" not in sys.modules:  # a test session's conftest imports it and installs it itself
+                _install_sabotage()
 
         spec.loader.exec_module = exec_module
         return spec
