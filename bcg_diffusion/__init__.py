@@ -13,7 +13,11 @@ import importlib as _importlib
 import sys as _sys
 import types as _types
 
+from .known_messages import quiet_known_messages
+
 __version__ = "0.1.0"
+
+quiet_known_messages()  # before diffusers is imported through this package (known_messages.py says which, and why)
 
 #: Every public name and the submodule that defines it.
 _EXPORTS = {
@@ -94,6 +98,7 @@ __all__ = [
     "get_stats",
     "install_attention_breaks",
     "is_accelerated",
+    "quiet_known_messages",
     "remove_acceleration",
     "use_compile_cache",
     "warmup",

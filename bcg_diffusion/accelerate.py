@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,6 +36,7 @@ _ATTR = "_bcg_acceleration"
 _INACTIVE_ATTR = "_bcg_inactive_reason"  # on a model that accelerate_* left eager (no CUDA, BCG_DIFFUSION=0)
 GRAPHS_HOOK = "bcg_graphs"
 _warned: set[str] = set()
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 __all__ = ["AccelerationError"]
 
@@ -52,9 +55,14 @@ class _Acceleration:
 
 
 def _warn_once(message: str) -> None:
+    """Warn once per process, at the caller's line: the first frame outside this package (the user's
+    ``accelerate_pipeline(pipe)``, not a line of the library)."""
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        frame, level = sys._getframe(), 1
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(message, RuntimeWarning, stacklevel=level)
 
 
 def _checked_config(config: Any) -> BCGConfig:

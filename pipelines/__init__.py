@@ -16,13 +16,17 @@ Public API::
     plan_call(family, size, prompt=..., height=None, ...) -> dict     (a call before any pipeline exists)
     fit_call(pipe, call, batch=1, exact_shape=False) -> (dict, dropped keys)
     generated(output) -> images, frames or latents of a pipe(...) output
+    ignored_call_fields(pipe_or_family, call) -> {keyword: IgnoredField}   (what a call would set for nothing)
     resolve_device(device), resolve_dtype(dtype, device); DTYPES, DTYPE_NAMES, dtype_name(dtype)
 """
+
+import bcg_diffusion  # noqa: F401 - first: its import drops known-harmless library messages (bcg_diffusion.quiet_known_messages)
 
 from .build import build_pipeline
 from .calls import call_parameters, fit_call, generated, plan_call
 from .describe import FamilyDescription, describe, transformer_param_count
 from .dtypes import DTYPE_NAMES, DTYPES, dtype_name, resolve_device, resolve_dtype
+from .ignored import IgnoredField, ignored_call_fields
 from .real_weights import load_pipeline
 from .registry import (
     CFG_MODES,
@@ -44,6 +48,7 @@ __all__ = [
     "SIZES",
     "FamilyDescription",
     "FamilySpec",
+    "IgnoredField",
     "SizeSpec",
     "TextEncoderSpec",
     "build_pipeline",
@@ -55,6 +60,7 @@ __all__ = [
     "fit_call",
     "generated",
     "get_family",
+    "ignored_call_fields",
     "list_families",
     "load_pipeline",
     "plan_call",

@@ -57,12 +57,12 @@ def plan_call(
 
 
 def call_parameters(pipe) -> dict[str, inspect.Parameter]:
-    """The named parameters of the pipeline's own ``__call__``.
+    """The named parameters of the pipeline's own ``__call__`` (``pipe``: a pipeline or a pipeline class).
 
     Looks through the class hierarchy, past wrappers with a bare ``(*args, **kwargs)`` signature (such as
     the subclass ``accelerate_pipeline`` gives an accelerated pipeline).
     """
-    for cls in type(pipe).__mro__:
+    for cls in (pipe if isinstance(pipe, type) else type(pipe)).__mro__:
         fn = cls.__dict__.get("__call__")
         if fn is None:
             continue

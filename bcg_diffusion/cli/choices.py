@@ -8,8 +8,8 @@ re-exported by the modules that use them (``speedups``, ``media``). (``cache_opt
 
 from __future__ import annotations
 
-__all__ = ["CP_MODES", "DTYPE_NAMES", "IMAGE_SUFFIXES", "MAX_SIDE_FACTOR",
-           "MIN_MAX_SIDE", "SIZES", "VIDEO_SUFFIXES"]
+__all__ = ["CP_MODES", "DTYPE_NAMES", "IMAGE_SUFFIXES", "MAX_BATCH", "MAX_SIDE_FACTOR", "MAX_STEPS",
+           "MIN_MAX_SIDE", "SIDE_LIMIT_RULE", "SIZES", "VIDEO_SUFFIXES"]
 
 #: ``--size``: the model size of a family (``bcg_pipelines.SIZES``).
 SIZES = ("tiny", "full")
@@ -27,3 +27,11 @@ VIDEO_SUFFIXES = (".mp4", ".gif")
 #: (Flux.1: 1024 px -> 4096 px), and never below :data:`MIN_MAX_SIDE` (a checkpoint of no known family).
 MAX_SIDE_FACTOR = 4
 MIN_MAX_SIDE = 4096
+#: The rule above in words, as the help, the errors and docs/generate.md state it (an upper bound).
+SIDE_LIMIT_RULE = (f"{MAX_SIDE_FACTOR}x the largest side of the family's published size, or {MIN_MAX_SIDE} px where "
+                   "that is more")
+
+#: ``--steps`` at most this many: serve.py's default ``--max-steps`` (a larger count is a typo or hours of work).
+MAX_STEPS = 100
+#: ``--batch`` at most this many outputs per prompt (each one is a full generation's memory).
+MAX_BATCH = 64

@@ -51,6 +51,8 @@ from .generate_args import (
     keep_nvlink_multicast_off,
     make_plan,
     max_side,
+    negative_prompt_problem,
+    prog,
 )
 from .generate_report import SetUp, fmt_size, format_bcg_stats, print_summary
 from .media import save_output
@@ -198,7 +200,7 @@ def open_compile_cache(plan: Plan, args):
     try:
         cache = bcg_diffusion.use_compile_cache(directory)
     except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be written
-        raise Failure(2, f"generate.py: error: --compile-cache {directory}: {exc}") from exc
+        raise Failure(2, f"{prog()}: error: --compile-cache {directory}: {exc}") from exc
     print(f"compile cache: {cache.status}", flush=True)
     return cache
 
@@ -228,13 +230,17 @@ def quantize_transformer(pipe, args) -> list[str]:
 def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
     """The call fitted to the pipeline, and notes on the attention backend and compilation set on it."""
     if args.no_resolution_binning and "use_resolution_binning" not in pipelines.call_parameters(pipe):
-        raise Failure(2, f"generate.py: error: --no-resolution-binning: {type(pipe).__name__} does not bin "
+        raise Failure(2, f"{prog()}: error: --no-resolution-binning: {type(pipe).__name__} does not bin "
                       "resolutions (its __call__ takes no use_resolution_binning), so it already runs the asked size; "
                       "leave the flag out")
     try:
         call, dropped = pipelines.fit_call(pipe, plan.call, batch=args.batch, exact_shape=args.no_resolution_binning)
     except ValueError as exc:
-        raise Failure(2, f"generate.py: error: {exc}") from exc
+        raise Failure(2, f"{prog()}: error: {exc}") from exc
+    if args.negative_prompt is not None and not plan.is_family:  # a family was checked before the build
+        problem = negative_prompt_problem(pipe, call, plan.model, "guidance_scale")
+        if problem:
+            raise Failure(2, f"{prog()}: error: {problem}")
     notes = [f"note: {type(pipe).__name__} takes no {key!r} argument; ignored" for key in dropped]
     transformer = getattr(pipe, "transformer", None)
     if (args.attention_backend or args.compile or args.cp) and transformer is None:
@@ -257,7 +263,7 @@ def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
 def split_over_ranks(transformer, ranks: Ranks) -> str:
     """``--cp``: diffusers context parallelism on the transformer; the note to print."""
     if not has_cp_plan(type(transformer)):  # a checkpoint (a family was checked before building)
-        raise Failure(2, f"generate.py: error: --cp {ranks.mode}: {type(transformer).__name__} has no _cp_plan, so "
+        raise Failure(2, f"{prog()}: error: --cp {ranks.mode}: {type(transformer).__name__} has no _cp_plan, so "
                       "diffusers cannot split it over GPUs")
     try:
         return enable_context_parallel(transformer, ranks.mode, ranks.world_size)
@@ -311,7 +317,7 @@ def enable_step_cache(pipe, plan: Plan, args, call: dict[str, Any]) -> None:
             check_cache_option(args.cache, plan.spec.name)
         print(f"  {apply_cache(pipe, args.cache, plan.spec.name, call['num_inference_steps'])}", flush=True)
     except ValueError as exc:
-        raise Failure(2, f"generate.py: error: --cache: {exc}") from exc
+        raise Failure(2, f"{prog()}: error: --cache: {exc}") from exc
 
 
 def warm_up(pipe, plan: Plan, call: dict[str, Any], before: str, setup: SetUp, args) -> None:

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from .cache_option import CACHE_HELP
-from .choices import CP_MODES, MAX_SIDE_FACTOR, MIN_MAX_SIDE
+from .choices import CP_MODES, MAX_BATCH, MAX_SIDE_FACTOR, MAX_STEPS, MIN_MAX_SIDE, SIDE_LIMIT_RULE
 from .media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
-from .options import add_model_options, choose_device, family_or_checkpoint, quiet_known_messages
+from .options import add_model_options, choose_device, command_name, family_or_checkpoint, quiet_known_messages
 from .quant_option import QUANT_HELP, QUANT_NAMES, device_problem, torchao_problem
 
 __all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "SHAPE_KEYS", "Plan", "Ranks", "build_parser", "main", "make_plan",
-           "max_side"]
+           "max_side", "negative_prompt_problem", "prog"]
 
 DEFAULT_MODEL = "flux"  # the tiny Flux pipeline builds and runs fastest on a CPU (a few seconds)
 DEFAULT_PROMPT = "a red fox resting in a snowy birch forest at golden hour, soft light, highly detailed"
@@ -62,9 +62,14 @@ def keep_nvlink_multicast_off() -> None:
         os.environ.setdefault(name, value)
 
 
+def prog() -> str:
+    """The command's name in usage and error lines: ``bcg-generate`` when run as that, else ``generate.py``."""
+    return command_name("generate.py", "bcg-generate")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="generate.py",
+        prog=prog(),
         description="Generate an image or video with a diffusers DiT pipeline, eagerly or with breakable CUDA "
         "graphs (BCG). With no arguments: the tiny random-weight Flux pipeline, a few seconds on a CPU.",
         epilog="See docs/generate.md for examples.",
@@ -72,17 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p, DEFAULT_MODEL, list_models=True)
     g = p.add_argument_group("generation")
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt")
-    g.add_argument("--negative-prompt", default=None, help="negative prompt (used by CFG families)")
+    g.add_argument("--negative-prompt", default=None,
+                   help="negative prompt, for runs with classifier-free guidance (a run whose pipeline would ignore it "
+                   "exits with code 2 saying why)")
     g.add_argument("--height", type=int, default=None,
-                   help="image height in pixels (default: the family's for --size; at most 4x the largest side of the "
-                   "family's published size, and at least 4096: --list-models prints it)")
+                   help=f"image height in pixels (default: the family's for --size). The limit is {SIDE_LIMIT_RULE} "
+                   "(--list-models prints each family's)")
     g.add_argument("--width", type=int, default=None, help="image width in pixels (default and limit: as --height)")
     g.add_argument("--frames", type=int, default=None, help="number of frames (video families only)")
-    g.add_argument("--steps", type=int, default=None, help="denoising steps (default: the family's)")
+    g.add_argument("--steps", type=int, default=None,
+                   help=f"denoising steps, 1 .. {MAX_STEPS} (default: the family's)")
     g.add_argument("--guidance", type=float, default=None,
                    help=f"guidance scale, 0 .. {GUIDANCE_LIMIT:.0f} (default: the family's)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the initial noise, 0 <= seed < 2**64 (default: 0)")
-    g.add_argument("--batch", type=int, default=1, help="images or videos per prompt (default: 1)")
+    g.add_argument("--batch", type=int, default=1, help=f"images or videos per prompt, 1 .. {MAX_BATCH} (default: 1)")
     g.add_argument("--no-resolution-binning", action="store_true",
                    help="run the asked height x width as it is (use_resolution_binning=False). By default pipelines "
                    "that bin (PixArt, Sana) run the nearest of the model's aspect-ratio bins and resize the result "
@@ -117,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "scripts/generate.py --cp ulysses ...): ulysses_degree=N or ring_degree=N. Rank 0 writes the output "
                    "and prints the summary")
     g = p.add_argument_group("output")
-    g.add_argument("--out", type=Path, default=None,
+    g.add_argument("--out", default=None,
                    help="output file: .png/.jpg/.webp for images, .mp4 or .gif for videos. MP4 needs imageio + "
                    "imageio-ffmpeg (pip install -e \".[video]\") or opencv; without them x.mp4 is written as the GIF "
                    "x.gif, and the command says so before it starts. A missing folder is created (the command says "
@@ -212,6 +220,10 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
                                    negative_prompt=args.negative_prompt)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.negative_prompt is not None and spec is not None:  # a checkpoint's pipeline is checked once it is loaded
+        problem = negative_prompt_problem(spec, call, spec.name, spec.guidance_kwarg)
+        if problem:
+            parser.error(problem)
     is_video = spec.is_video if spec is not None else (args.frames or 1) > 1
     model_name = args.model if spec is not None else Path(args.model).name
     out, notes = output_path(args, parser, model_name, model_size, is_video)
@@ -228,10 +240,18 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
 def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     """``parser.error`` (exit 2) for numbers out of range and attention backends that are unknown or cannot run
     here (diffusers' own check: e.g. ``flash`` without the flash-attn package)."""
+    limits = {"steps": MAX_STEPS, "batch": MAX_BATCH}  # the others have their own limits (shapes) or none
     for name in ("steps", "batch", "height", "width", "frames", "fps"):
-        value = getattr(args, name)
+        value, limit = getattr(args, name), limits.get(name)
+        if value is not None and limit is not None and not 1 <= value <= limit:
+            parser.error(f"--{name} must be in 1 .. {limit} (got {value})")
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1 (got {value})")
+    for name in ("prompt", "negative_prompt"):
+        problem = not_utf8(getattr(args, name))
+        if problem:
+            parser.error(f"--{name.replace('_', '-')} is not valid UTF-8 ({problem}); give the text in UTF-8 (the "
+                         "terminal's or the script's encoding)")
     if args.guidance is not None and not (math.isfinite(args.guidance) and 0 <= args.guidance <= GUIDANCE_LIMIT):
         parser.error(f"--guidance must be a number in 0 .. {GUIDANCE_LIMIT:.0f} (got {args.guidance})")
     if not 0 <= args.seed < SEED_LIMIT:
@@ -246,6 +266,39 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
         problem = attention_backend_problem(name)
         if problem:
             parser.error(f"--attention-backend {args.attention_backend}: {problem}")
+
+
+def not_utf8(text: str | None) -> str | None:
+    """Where ``text`` (an argument as Python decoded it) cannot be UTF-8, or ``None``: bytes that were not UTF-8
+    reach Python as lone surrogates U+DC80..U+DCFF (``surrogateescape``), which no tokenizer takes."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        return f"{what} at character {exc.start}"
+    return None
+
+
+def negative_prompt_problem(pipe_or_family, call: dict[str, Any], name: str, guidance_kwarg: str) -> str | None:
+    """Why ``--negative-prompt`` would have no effect on this pipeline (a family, or a loaded checkpoint named
+    ``name`` whose ``--guidance`` goes to ``guidance_kwarg``) with this call, and what to do; ``None`` if it counts
+    (``bcg_pipelines.ignored_call_fields``)."""
+    import bcg_pipelines as pipelines
+
+    ignored = pipelines.ignored_call_fields(pipe_or_family, call).get("negative_prompt")
+    if ignored is None:
+        return None
+    if ignored.setting == guidance_kwarg:
+        todo = f"give --guidance above {ignored.above:g}, or leave --negative-prompt out"
+    elif ignored.setting is not None:
+        todo = (f"leave --negative-prompt out (this command does not set {ignored.setting}; from Python, call the "
+                f"pipeline with {ignored.setting} > {ignored.above:g})")
+    else:
+        todo = "leave --negative-prompt out"
+    return f"--negative-prompt has no effect on {name}: {ignored.reason}; {todo}"
 
 
 def max_side(spec) -> int:
@@ -266,8 +319,8 @@ def check_sides(args, spec, parser: argparse.ArgumentParser) -> None:
         value = getattr(args, name)
         if value is not None and value > limit:
             parser.error(f"--{name} {value} is above the limit of {limit} px for "
-                         f"{spec.name if spec is not None else 'a checkpoint'} (4x the largest side of the published "
-                         "size, at least 4096 px; --list-models prints each family's)")
+                         f"{spec.name if spec is not None else 'a checkpoint'} ({SIDE_LIMIT_RULE}; --list-models "
+                         "prints each family's)")
 
 
 def torchrun_ranks(mode: str, parser: argparse.ArgumentParser) -> Ranks:
@@ -338,18 +391,19 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
         size_tag = model_size if model_size != "checkpoint" else "weights"
         return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}", []
     allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
-    if args.out.is_dir() or str(args.out).endswith(("/", os.sep)):
-        example = args.out / f"{model_name}.{'gif' if is_video else 'png'}"
-        parser.error(f"--out {str(args.out)!r} cannot be written: it is a folder; give a file in it, e.g. --out "
+    given = Path(args.out)  # args.out is the text as typed: a trailing "/" marks a folder, existing or not
+    if given.is_dir() or args.out.endswith(("/", os.sep)):
+        example = given / f"{model_name}.{'gif' if is_video else 'png'}"
+        parser.error(f"--out {args.out!r} cannot be written: it is a folder; give a file in it, e.g. --out "
                      f"{example}")
-    if args.out.suffix.lower() not in allowed:
+    if given.suffix.lower() not in allowed:
         kind = "a video" if is_video else "an image"
-        parser.error(f"--out {str(args.out)!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")
-    out, note = video_target(args.out) if is_video else (args.out, None)
+        parser.error(f"--out {args.out!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")
+    out, note = video_target(given) if is_video else (given, None)
     notes = [note] if note else []
     problem = why_not_writable(out)
     if problem:
-        parser.error(f"--out {str(args.out)!r} cannot be written: {problem}")
+        parser.error(f"--out {args.out!r} cannot be written: {problem}")
     folder = missing_folder(out)
     if folder is not None:
         notes.append(f"note: --out {args.out}: the folder {folder} does not exist; it is created when the output is "

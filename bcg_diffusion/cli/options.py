@@ -1,5 +1,5 @@
 """What ``generate.py`` and ``serve.py`` share on their command lines: the model options, reading ``--model``
-and ``--device``, quieting known-harmless library messages, and :class:`Failure`.
+and ``--device``, quieting known-harmless library messages (the library's), and :class:`Failure`.
 
 Building the options imports nothing heavy (:mod:`.choices`); torch and ``bcg_pipelines`` are imported by the
 checks that need them, after the arguments are parsed.
@@ -8,10 +8,13 @@ checks that need them, after the arguments are parsed.
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import os
 import re
+import sys
 from pathlib import Path
+
+import bcg_diffusion
 
 from .choices import DTYPE_NAMES, SIZES
 
@@ -58,11 +61,15 @@ def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
     if model in pipelines.list_families():
         return pipelines.get_family(model)
     families = ", ".join(pipelines.list_families())
+    if not model.strip():
+        parser.error(f"--model is empty; give a family ({families}), a local pipeline folder (with model_index.json; "
+                     "--model . for the current folder) or a hub id such as org/name")
     path = Path(model).expanduser()
     if path.is_dir():
-        if not (path / "model_index.json").is_file():
-            parser.error(f"--model {model}: the folder holds no diffusers pipeline (no model_index.json); give the "
-                         "folder that pipe.save_pretrained() or huggingface-cli download wrote")
+        problem = pipeline_index_problem(path)
+        if problem:
+            parser.error(f"--model {model}: {problem}; give the folder that pipe.save_pretrained() or huggingface-cli "
+                         "download wrote")
         return None
     if path.exists():
         parser.error(f"--model {model} is a file; give a pipeline folder (with model_index.json), a hub id such as "
@@ -75,6 +82,30 @@ def family_or_checkpoint(model: str, parser: argparse.ArgumentParser):
                      f"hub id such as org/name, or a family: {families}")
     parser.error(f"--model: unknown family {model!r}; known families: {families} "
                  "(or give a local pipeline folder or a hub id such as org/name)")
+
+
+def pipeline_index_problem(folder: Path) -> str | None:
+    """Why ``folder`` holds no loadable diffusers pipeline index, or ``None``: ``model_index.json`` must exist and be a
+    JSON object naming the pipeline class (``_class_name``), which ``DiffusionPipeline.from_pretrained`` reads."""
+    index = folder / "model_index.json"
+    if not index.is_file():
+        return "the folder holds no diffusers pipeline (no model_index.json)"
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"model_index.json is not valid JSON ({exc})"
+    if not isinstance(data, dict):
+        return f"model_index.json is not a JSON object (it holds a {type(data).__name__})"
+    if not isinstance(data.get("_class_name"), str):
+        return "model_index.json has no _class_name (the pipeline class diffusers loads), so it describes no pipeline"
+    return None
+
+
+def command_name(script: str, command: str) -> str:
+    """The name a command shows in its usage and error lines: ``command`` (``bcg-generate``) when this process was
+    started as that console script, else ``script`` (``generate.py``: run as a script, with ``python -m`` or from
+    Python)."""
+    return command if Path(sys.argv[0]).name.removesuffix(".exe") == command else script
 
 
 def hub_offline() -> bool:
@@ -139,34 +170,7 @@ def choose_device(args, parser: argparse.ArgumentParser):
 
 
 # -- known-harmless library messages -----------------------------------------------------------------------
-class _DropMessages(logging.Filter):
-    def __init__(self, *needles: str):
-        super().__init__()
-        self.needles = needles
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(needle in message for needle in self.needles)
-
-
-#: Messages libraries log on every run of the commands that say nothing the user can act on, by the logger that
-#: logs them. transformers: importing diffusers' pipelines (Flux, SD3, ...) imports transformers' image
-#: processors, which fall back to their PIL versions without torchvision; the commands never use them (they
-#: are for IP-adapter images). With torchao (the quant extra) installed: torchao registers its Enum types
-#: with torch's pytree at import, which torch 2.14 calls deprecated, and diffusers' torchao quantizer misses
-#: tensor classes that torchao 0.18 moved (they matter only to loading checkpoints saved quantized by torchao;
-#: --quant quantizes after the build).
-QUIET_MESSAGES = {
-    "transformers.utils.import_utils": ("requires torchvision (not installed); falling back to",),
-    "torch.utils._pytree": ("is an Enum subclass and is now natively supported by torch.compile",),
-    "diffusers.quantizers.torchao.torchao_quantizer": ("Unable to import `torchao` Tensor objects",),
-}
-
-
 def quiet_known_messages() -> None:
-    """Drop :data:`QUIET_MESSAGES` (a filter on each logger; every other message of those loggers still shows).
-    Call it before torch and diffusers are imported; calling it again adds nothing."""
-    for name, needles in QUIET_MESSAGES.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in logger.filters):
-            logger.addFilter(_DropMessages(*needles))
+    """Drop the library messages that say nothing on every run of the commands
+    (:func:`bcg_diffusion.quiet_known_messages`, which ``import bcg_diffusion`` already called; again is a no-op)."""
+    bcg_diffusion.quiet_known_messages()

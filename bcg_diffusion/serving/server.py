@@ -31,11 +31,13 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.cli.choices import MAX_STEPS
 from bcg_diffusion.cli.generate_args import check_binning_flag
 from bcg_diffusion.cli.options import (
     Failure,
     add_model_options,
     choose_device,
+    command_name,
     family_or_checkpoint,
     offline_hint,
     quiet_known_messages,
@@ -64,7 +66,7 @@ DEFAULT_MODEL = "flux"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_PIXELS = 2048 * 1024
-DEFAULT_MAX_STEPS = 100
+DEFAULT_MAX_STEPS = MAX_STEPS  # as bcg-generate's --steps
 DEFAULT_MAX_N = 4
 DEFAULT_MAX_QUEUE = 64
 CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
@@ -75,9 +77,14 @@ API_KEY_VARIABLE = "BCG_API_KEY"
 API_KEY_PATTERN = re.compile(r"[!-~]+")
 
 
+def prog() -> str:
+    """The command's name in usage and error lines: ``bcg-serve`` when run as that, else ``serve.py``."""
+    return command_name("serve.py", "bcg-serve")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="serve.py",
+        prog=prog(),
         description="Serve one diffusers DiT pipeline with the OpenAI images API (POST /v1/images/generations), "
         "eagerly or with breakable CUDA graphs. GET /stats and GET /health. See docs/serving.md.",
     )
@@ -220,10 +227,10 @@ def build(args, spec, device: torch.device, dtype: torch.dtype):
     except ValueError:
         spec = None
     if spec is not None and spec.is_video:
-        raise Failure(2, f"serve.py: error: {args.model} is a {spec.name} pipeline, which makes videos; serve.py "
+        raise Failure(2, f"{prog()}: error: {args.model} is a {spec.name} pipeline, which makes videos; serve.py "
                       "serves images")
     if args.no_resolution_binning and "use_resolution_binning" not in pipelines.call_parameters(pipe):
-        raise Failure(2, f"serve.py: error: --no-resolution-binning: {type(pipe).__name__} does not bin resolutions "
+        raise Failure(2, f"{prog()}: error: --no-resolution-binning: {type(pipe).__name__} does not bin resolutions "
                       "(its __call__ takes no use_resolution_binning), so it already runs the asked size; leave the "
                       "flag out")
     return pipe, spec
@@ -278,7 +285,7 @@ def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     try:
         planner.default_job(*default_size)
     except RequestError as exc:
-        raise Failure(2, f"serve.py: error: the default request is invalid: {exc.message}") from exc
+        raise Failure(2, f"{prog()}: error: the default request is invalid: {exc.message}") from exc
     return planner
 
 
@@ -292,7 +299,7 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
     try:
         report = worker.submit(lambda: run_warmup(generator, planner, sizes)).result()
     except RequestError as exc:
-        raise Failure(2, f"serve.py: error: --warmup: {exc.message}") from exc
+        raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
         raise Failure(1, f"error: warm-up failed: {type(exc).__name__}: {exc}") from exc
     print(str(report), flush=True)
@@ -322,7 +329,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
     try:
         return bind_socket(host, port, listen=False)
     except OSError as exc:
-        raise Failure(2, f"serve.py: error: cannot bind {host}:{port}: {exc}") from exc
+        raise Failure(2, f"{prog()}: error: cannot bind {host}:{port}: {exc}") from exc
 
 
 def announce(url: str) -> None:

@@ -20,12 +20,19 @@ here). Bash blocks run line by line (``\\`` continues a line, ``&&`` chains): ``
 variable assignments only is accepted, and a tool command (``python scripts/NAME.py ARGS``, ``bcg-NAME ARGS``)
 calls that tool's ``main(ARGS)`` in-process and must exit 0. Anything else in a runnable block fails: mark it.
 An identical command runs once per session.
+
+Quiet runs (issue 39): the README's main job and its Python example run as written in fresh processes (no CUDA
+device), and so do the other runnable Python blocks (one process); stderr may hold only progress bars and the
+no-GPU notice of ``accelerate_pipeline`` at the caller's line.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,3 +261,94 @@ def test_the_placeholder_and_the_command_reader():
         MODULES["generate"], ["--bcg"])
     assert tool_command(["torchrun", "--nproc_per_node", "2", "run_cp.py"]) is None
     assert tool_command(["bcg-serve", "--port", "0"])[1] == ["--port", "0"]
+
+
+# -- stderr: a new user's runs print nothing but the project's own notices (issue 39) ----------------------------
+#: What may reach stderr on the README's paths: tqdm's progress bars, and the no-GPU notice of ``accelerate_pipeline``
+#: (``file:line: RuntimeWarning: ...`` at the caller's line, then that line's source). Anything else (a library's
+#: warning, a traceback) fails.
+PROGRESS_BAR = re.compile(r"^(?:[\w -]+: *)?\d+%\|")
+NO_GPU_NOTICE = re.compile(r"^(?P<file>.+):(?P<line>\d+): RuntimeWarning: bcg-diffusion needs a CUDA GPU; none is "
+                           r"available, so the model runs eagerly$")
+
+
+def unexpected_stderr(err: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """``(unexpected lines, [(file, the source line after it)] of each no-GPU notice)`` of a process's stderr."""
+    lines = [line for line in re.split(r"[\r\n]+", err) if line.strip()]
+    unexpected, notices, i = [], [], 0
+    while i < len(lines):
+        notice = NO_GPU_NOTICE.match(lines[i])
+        if notice:
+            follows = lines[i + 1] if i + 1 < len(lines) and lines[i + 1].startswith(" ") else ""
+            notices.append((notice["file"], follows.strip()))
+            i += 2 if follows else 1
+            continue
+        if not PROGRESS_BAR.match(lines[i].strip()):
+            unexpected.append(lines[i])
+        i += 1
+    return unexpected, notices
+
+
+def test_the_stderr_reader():
+    err = ("denoising:  11%|█    | 3/28 [00:00<00:01]\r 50%|███  | 1/2\n/tmp/x.py:4: RuntimeWarning: bcg-diffusion "
+           "needs a CUDA GPU; none is available, so the model runs eagerly\n  accelerate_pipeline(pipe)\n"
+           "Failed to load /x/torchao/_C_mxfp8.so: Could not load this library\n")
+    assert unexpected_stderr(err) == (["Failed to load /x/torchao/_C_mxfp8.so: Could not load this library"],
+                                      [("/tmp/x.py", "accelerate_pipeline(pipe)")])
+
+
+def run_quietly(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """A fresh Python process as a new user starts it (no CUDA device: the machine the README's paths assume)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONWARNINGS", "TORCH_LOGS", "PYTEST_"))}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_the_main_job_prints_nothing_unexpected_to_stderr(tmp_path):
+    done = run_quietly([str(ROOT / "scripts" / "generate.py")], tmp_path)  # the README's first command, as it is
+    unexpected, notices = unexpected_stderr(done.stderr)
+    assert not unexpected and not notices, "\n".join(unexpected)
+    assert (tmp_path / "outputs" / "flux_tiny_seed0.png").is_file()
+
+
+def test_the_readme_example_runs_as_written_and_quietly(tmp_path):
+    readme = [b for b in PYTHON if b.page.name == "README.md" and not b.flag]
+    assert len(readme) == 1 and "= ..." not in readme[0].code, "the README example runs as written (no placeholder)"
+    script = tmp_path / "example.py"
+    script.write_text(readme[0].code)
+    done = run_quietly([str(script)], tmp_path)
+    unexpected, notices = unexpected_stderr(done.stderr)
+    assert not unexpected, "\n".join(unexpected)
+    assert notices == [(str(script), "accelerate_pipeline(pipe)       # every denoising step now replays captured "
+                                     "graph segments")], done.stderr  # at the user's line
+    assert "not accelerated" in done.stdout
+
+
+DRIVER = """
+import sys
+sys.path[:0] = [{tools!r}, {tests!r}]
+from test_docs_snippets import PYTHON, tiny_pipeline, with_placeholders
+for block in [b for b in PYTHON if not b.flag]:
+    print("=== " + block.where, file=sys.stderr, flush=True)
+    exec(compile(with_placeholders(block.code), block.where, "exec"),
+         {{"__name__": "__docs__", "__docs_pipeline__": tiny_pipeline}})
+    sys.stderr.flush()
+"""
+
+
+def test_the_docs_python_examples_print_nothing_unexpected_to_stderr(tmp_path):
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
+    done = run_quietly(["-c", DRIVER.format(tools=str(ROOT / "tests" / "tools"), tests=str(ROOT / "tests"))], tmp_path)
+    sections = re.split(r"^=== (\S+)\n", done.stderr, flags=re.M)
+    assert not sections[0].strip(), sections[0]  # nothing before the first block
+    where = {b.where for b in PYTHON if not b.flag}
+    problems = []
+    for block, err in zip(sections[1::2], sections[2::2]):
+        unexpected, notices = unexpected_stderr(err)
+        problems += [f"{block}: {line}" for line in unexpected]
+        problems += [f"{block}: the no-GPU notice points at {file}, not at a docs block" for file, _ in notices
+                     if file not in where]
+    assert set(sections[1::2]) == where
+    assert not problems, "\n".join(problems)

@@ -60,8 +60,8 @@ def test_generate_bad_family_names_the_families(generate, capsys):
     [
         (["--height", "65"], "multiples of"),
         (["--model", "pixart", "--width", "100"], "multiples of"),
-        (["--steps", "0"], "--steps must be >= 1"),
-        (["--batch", "0"], "--batch must be >= 1"),
+        (["--steps", "0"], "--steps must be in 1 .. 100 (got 0)"),
+        (["--batch", "0"], "--batch must be in 1 .. 64 (got 0)"),
         (["--frames", "5"], "makes images"),
         (["--out", "video.mp4"], "use one of"),
         (["--attention-backend", "no-such-backend"], "not a diffusers backend"),
