@@ -64,9 +64,9 @@ def install_attention_breaks(transformer):
     (``graph_partition=True, custom_should_partition_ops=[...]``). The patch is process-wide: it is
     shared with accelerated transformers and stays until the last handle of it is removed.
     """
-    from .integration import attention_breaks
+    from .integration.breaks import attention
 
-    return attention_breaks.install(transformer)
+    return attention.install(transformer)
 
 
 __all__ = [

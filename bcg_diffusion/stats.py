@@ -1,8 +1,43 @@
-"""Introspection: what an accelerated transformer captured and how each call ran."""
+"""Introspection: what an accelerated transformer captured and how each call ran.
+
+:class:`CallCounters` and :class:`UnitCounters` are counted by the graph runner as calls run;
+:meth:`BCGStats.of` makes the snapshot that :func:`~bcg_diffusion.get_stats` returns.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class CallCounters:
+    """How the calls of one transformer ran, as the runner counts them (see :class:`BCGStats`)."""
+
+    hits: int = 0
+    misses: int = 0
+    warmup_calls: int = 0
+    eager_calls: int = 0
+    captures: int = 0
+    failed_captures: int = 0
+    structure_changes: int = 0
+
+
+@dataclass
+class UnitCounters:
+    """How the unit calls of module mode ran (``BCGStats``'s ``child_*`` fields)."""
+
+    hits: int = 0
+    warmup_calls: int = 0
+    eager_calls: int = 0
+    failed_captures: int = 0
+
+    def __add__(self, other: "UnitCounters") -> "UnitCounters":
+        return UnitCounters(
+            self.hits + other.hits,
+            self.warmup_calls + other.warmup_calls,
+            self.eager_calls + other.eager_calls,
+            self.failed_captures + other.failed_captures,
+        )
 
 
 @dataclass(frozen=True)
@@ -82,6 +117,33 @@ class BCGStats:
     child_eager_calls: int = 0
     active: bool = True  # False: not accelerated (no CUDA, BCG_DIFFUSION=0, never accelerated); see inactive_reason
     inactive_reason: str | None = None
+
+    @staticmethod
+    def of(
+        transformer: str, debug: bool, calls: CallCounters, units: UnitCounters,
+        entries: "tuple[GraphEntryStats, ...]", hooked: tuple[int, int],
+    ) -> "BCGStats":
+        """The snapshot of one transformer: its counters, its kept keys and its step-cache passes
+        (``hooked``: hooked calls replayed, of which the hooks computed the body)."""
+        return BCGStats(
+            transformer=transformer,
+            debug=debug,
+            hits=calls.hits,
+            misses=calls.misses,
+            captures=calls.captures,
+            eager_calls=calls.eager_calls,
+            capture_time_s=sum(e.capture_time_s for e in entries),
+            graph_memory_bytes=sum(e.memory_bytes for e in entries),
+            entries=entries,
+            structure_changes=calls.structure_changes,
+            warmup_calls=calls.warmup_calls,
+            hooked_module_calls=hooked[0],
+            hooked_module_computed=hooked[1],
+            failed_captures=calls.failed_captures,
+            child_hits=units.hits,
+            child_warmup_calls=units.warmup_calls,
+            child_eager_calls=units.eager_calls,
+        )
 
     @staticmethod
     def inactive(transformer: str, reason: str) -> "BCGStats":

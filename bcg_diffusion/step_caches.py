@@ -2,7 +2,7 @@
 
 Under :func:`~bcg_diffusion.accelerate_pipeline` a step cache's hooks run on every call and the
 modules they guard (blocks, attention modules) replay captured sub-graphs when the hooks compute
-them (see :mod:`bcg_diffusion.integration.hooked_modules`). :func:`count_cache_passes` reports, for a block of
+them (see :mod:`bcg_diffusion.integration.breaks.hooked_modules`). :func:`count_cache_passes` reports, for a block of
 code, how many calls the cached modules received and in how many the cache computed the module.
 """
 

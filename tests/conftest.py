@@ -2,10 +2,12 @@
 
 - The ``gpu`` marker skips with a reason where no CUDA device is present (the only skip for missing
   hardware besides tests that need two GPUs).
-- ``survives_sabotage(*modes, reason=...)`` marks a GPU test that is expected to pass under those
-  sabotage modes (``BCG_DIFFUSION_TEST_SABOTAGE``, see docs/testing.md), with why; the marker is copied
-  into the test's ``user_properties``, and ``--sabotage-results PATH`` writes every outcome with it
-  for ``tests/sabotage_report.py``.
+- ``BCG_DIFFUSION_TEST_SABOTAGE`` (docs/testing.md) breaks every replay of the session on purpose: the
+  sabotage of ``tests/_sabotage.py`` is installed here, and, through ``tests/sabotage_site`` on their
+  ``PYTHONPATH``, in the processes the tests start. ``survives_sabotage(*modes, reason=...)`` marks a GPU
+  test that is expected to pass under those modes, with why; the marker is copied into the test's
+  ``user_properties``, and ``--sabotage-results PATH`` writes every outcome with it for
+  ``tests/sabotage_report.py``.
 - Attention patches are released after every test, in one place (:func:`release_attention_patches`).
 - Fixtures: ``pretend_cuda`` (the library believes CUDA is there), ``hide_cuda`` (it sees none), ``fake_torchao``,
   ``no_build`` (building or loading a pipeline fails the test).
@@ -13,6 +15,7 @@
 
 import json
 import os
+from pathlib import Path
 
 # Inductor picks some kernel configurations by timing them on the GPU, so two compilations of one
 # block can differ in their last bits; the compile tests compare compiled runs bitwise. Set before
@@ -22,7 +25,9 @@ os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import _sabotage  # noqa: E402
 from bcg_diffusion.core.handles import live_handles  # noqa: E402
+
 SABOTAGE_PROPERTY = "survives_sabotage"
 _results_path = None  # --sabotage-results: where this process appends test outcomes (None: nowhere)
 
@@ -39,6 +44,14 @@ def pytest_configure(config):
     global _results_path
     if config.getoption("--sabotage-results") and not hasattr(config, "workerinput"):  # not in an xdist worker
         _results_path = config.getoption("--sabotage-results")
+    try:
+        mode = _sabotage.mode_from_environment()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if mode is not None:
+        _sabotage.install_for_session(mode)
+        site = str(Path(__file__).resolve().parent / "sabotage_site")  # started processes sabotage themselves
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
 
 
 def pytest_runtest_logreport(report):

@@ -203,8 +203,8 @@ def _stats(model) -> dict:
     stats = bcg.get_stats(model)
     if not stats.active:
         return {"accelerated": False}
-    runners = acc._runners(model)
-    agreements = [r.ranks.agreement for r in runners if r.ranks.agreement is not None]
+    locksteps = [r.watch.lockstep for r in acc._runners(model) if r.watch.lockstep is not None]
+    agreements = [lockstep.agreement for lockstep in locksteps if lockstep.agreement is not None]
     return {
         "accelerated": True,
         "hits": stats.hits,
@@ -214,9 +214,9 @@ def _stats(model) -> dict:
         "fallbacks": [e.fallback for e in stats.entries if e.fallback],
         "breaks": [e.breaks for e in stats.entries],
         "segments": [e.segments for e in stats.entries],
-        "lockstep_calls": sum(getattr(r.ranks, "calls", 0) for r in runners),
+        "lockstep_calls": sum(lockstep.calls for lockstep in locksteps),
         "agreement_rounds": sum(a.rounds for a in agreements),
-        "context_parallel": any(r.ranks.parallel_config is not None for r in runners),
+        "context_parallel": bool(locksteps),
     }
 
 
@@ -535,7 +535,7 @@ def run_fault(case: Case, run: Run, seed: int = 0) -> dict:
                 "seconds_after_fault_call_began": time.monotonic() - fault_started if fault_started else None,
             }
             break
-    record["stats"] = {"lockstep_calls": bcg.accelerate._runners(model)[0].ranks.calls}
+    record["stats"] = {"lockstep_calls": bcg.accelerate._runners(model)[0].watch.lockstep.calls}
     return record
 
 

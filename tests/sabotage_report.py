@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bcg_diffusion.integration.sabotage import ENV_SABOTAGE, MODES
+from _sabotage import ENV_SABOTAGE, MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,15 +1,20 @@
-"""Removable handles: what installed a process-wide patch owns a handle and removes it.
+"""Removable handles: what installed a patch owns a handle and removes it.
 
-Patches shared by everything that needs them (the attention breaks of a Python module, the global
-module-registration hooks, the hooked ``Stream.wait_stream``) are applied by the first handle and
-undone when the last live handle is removed, like torch's ``RemovableHandle`` for hooks.
-:func:`live_handles` lists handles not yet removed: a test fixture removes leftovers in one place.
+:func:`patch_attribute` is the one way the library replaces an attribute (a function of a Python
+module, a method of a class, an instance attribute of a module such as ``forward`` or
+``_call_impl``): its handle puts back exactly what was there. Patches shared by everything that
+needs them (the attention breaks of a Python module, the global module-registration hooks, the
+hooked ``Stream.wait_stream``) are a :class:`SharedPatch`: applied by the first handle and undone
+when the last live handle is removed, like torch's ``RemovableHandle`` for hooks.
+:func:`live_handles` lists the handles of shared patches not yet removed: a test fixture removes
+leftovers in one place. Handles of one object's own patches are not listed: their owner removes them.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+import types
+from typing import Any, Callable
 
 _lock = threading.Lock()
 _live: dict[int, "RemovableHandle"] = {}
@@ -19,11 +24,12 @@ class RemovableHandle:
     """Undoes one installation when :meth:`remove` is called (once; later calls do nothing).
     Also a context manager that removes on exit."""
 
-    def __init__(self, undo: Callable[[], None], label: str) -> None:
+    def __init__(self, undo: Callable[[], None], label: str, *, listed: bool = True) -> None:
         self.label = label
         self._undo: Callable[[], None] | None = undo
-        with _lock:
-            _live[id(self)] = self
+        if listed:
+            with _lock:
+                _live[id(self)] = self
 
     @property
     def removed(self) -> bool:
@@ -47,9 +53,50 @@ class RemovableHandle:
 
 
 def live_handles() -> list[RemovableHandle]:
-    """Handles installed and not yet removed, oldest first."""
+    """Listed handles installed and not yet removed, oldest first."""
     with _lock:
         return list(_live.values())
+
+
+_ABSENT = object()
+
+
+def patch_attribute(owner: Any, name: str, value: Any, label: str | None = None) -> RemovableHandle:
+    """Set ``owner``'s own attribute ``name`` to ``value`` and return the handle that undoes it.
+
+    ``owner`` is a class (set with ``setattr``), a Python module or an object with a ``__dict__``
+    (written there directly, never through a ``__setattr__``: for a ``torch.nn.Module`` an instance
+    attribute that shadows the class's). Removing the handle puts back what ``owner`` itself held
+    before, or deletes the attribute when it held none (a class attribute shows through again).
+    The handle is not listed by :func:`live_handles`: whoever patched removes it.
+    """
+    own = vars(owner)
+    previous = own.get(name, _ABSENT)
+    _write(owner, name, value)
+
+    def undo() -> None:
+        if previous is not _ABSENT:
+            _write(owner, name, previous)
+        elif isinstance(owner, type):
+            if name in vars(owner):
+                delattr(owner, name)
+        else:
+            vars(owner).pop(name, None)
+
+    return RemovableHandle(undo, label or f"{_name_of(owner)}.{name}", listed=False)
+
+
+def _write(owner: Any, name: str, value: Any) -> None:
+    if isinstance(owner, type):
+        setattr(owner, name, value)
+    else:
+        vars(owner)[name] = value
+
+
+def _name_of(owner: Any) -> str:
+    if isinstance(owner, (type, types.ModuleType)):
+        return owner.__name__
+    return type(owner).__name__
 
 
 class SharedPatch:

@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 import torch
 
-from .handles import RemovableHandle, SharedPatch
+from .handles import RemovableHandle, SharedPatch, patch_attribute
 
 _original_wait_stream: Callable[[Any, Any], None] | None = None
+_patch: RemovableHandle | None = None
 _TRACKER: contextvars.ContextVar["ForkTracker | None"] = contextvars.ContextVar(
     "bcg_fork_tracker", default=None
 )
@@ -70,16 +71,17 @@ def _hooked_wait_stream(self: Any, stream: Any) -> None:
 
 
 def _hook() -> None:
-    global _original_wait_stream
+    global _original_wait_stream, _patch
     _original_wait_stream = torch.cuda.Stream.wait_stream
-    torch.cuda.Stream.wait_stream = _hooked_wait_stream  # type: ignore[method-assign]
+    _patch = patch_attribute(torch.cuda.Stream, "wait_stream", _hooked_wait_stream)
 
 
 def _unhook() -> None:
-    global _original_wait_stream
-    if _original_wait_stream is not None:
-        torch.cuda.Stream.wait_stream = _original_wait_stream  # type: ignore[method-assign]
-        _original_wait_stream = None
+    global _original_wait_stream, _patch
+    patch, _patch = _patch, None
+    if patch is not None:
+        patch.remove()
+    _original_wait_stream = None
 
 
 _wait_stream_patch = SharedPatch("torch.cuda.Stream.wait_stream", _hook, _unhook)

@@ -1,4 +1,5 @@
-"""Capturing one graph key: warm-up, capture with narrowing on failure, the :class:`GraphEntry`."""
+"""Capturing one graph key with narrowing on failure, the :class:`GraphEntry` a capture makes, and
+:class:`Captures`: what one runner's captures share."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_breaks, attention_layouts, failures, sabotage
+from . import attention_layouts, failures
+from .breaks import attention
 from ..config import BCGConfig
 from ..errors import BCGCaptureWarning
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
 from ..core.nonowning import pool_segments
-from .eager_modules import EagerModules
-from .keys import GraphKey
+from ..stats import CallCounters
+from .breaks.eager_modules import EagerModules
+from .keys import Call, GraphKey
 
 logger = logging.getLogger("bcg_diffusion")
 
@@ -31,11 +34,12 @@ logger = logging.getLogger("bcg_diffusion")
 capture_lock = threading.RLock()
 
 
-@dataclass
+@dataclass(eq=False)
 class GraphEntry:
-    """One captured key: the graph, its static inputs and outputs, and its counters."""
+    """What one capture made: the graph, its static inputs and outputs, or why it failed
+    (``fallback``); its counters. ``module_mode``: the capture failed in the transformer's own
+    forward, which now runs eagerly while its units replay (:mod:`.module_mode`)."""
 
-    key: GraphKey
     graph: BreakableCUDAGraph | None
     static_inputs: list[torch.Tensor]
     outputs: Any
@@ -45,40 +49,66 @@ class GraphEntry:
     hits: int = 0
     eager_modules: list[str] = field(default_factory=list)
     debug_inputs: tuple | None = None  # debug mode: the static (args, kwargs) the forward reruns on
-    layouts: list | None = None  # attention output layouts recorded by the key's first (eager) calls
-    module_mode: bool = False  # the transformer's forward runs eagerly, its children replay (see module_mode)
-    children: Any = None  # the ChildGraphs of a key in module mode
-    eager_reason: str | None = None  # module mode: why the transformer's own Python runs eagerly
-    # host seconds of the capture by phase (see :func:`capture_entry`); "first_replay" added by the runner
+    module_mode: bool = False
+    borrowed: frozenset[int] = frozenset()  # static inputs read in place (a unit's input that is an earlier unit's output)
+    # host seconds of the capture by phase (see :func:`capture_entry`); the runner adds "static_inputs",
+    # "key" and "first_replay"
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def segments(self) -> int:
-        if self.children is not None:
-            return self.children.segments
         return self.graph.num_segments if self.graph is not None else 0
 
     @property
     def breaks(self) -> int:
-        if self.children is not None:
-            return self.children.breaks
         return self.graph.num_breaks if self.graph is not None else 0
+
+    def fill(self, live: list[torch.Tensor]) -> bool:
+        """Copy the live input tensors into the static inputs (those not already the same view);
+        False, leaving the rest, when a borrowed one is not: the call must then run eagerly."""
+        for i, (static, tensor) in enumerate(zip(self.static_inputs, live)):
+            if _same_view(static, tensor):
+                continue
+            if i in self.borrowed:
+                return False
+            static.copy_(tensor)
+        return True
+
+    def replay(self, forward: Callable, attention_policy: str) -> Any:
+        """Replay the graph (its static inputs filled); returns its outputs (the graph's buffers).
+        A debug-mode entry runs ``forward`` again on its static inputs, through the same breaks and
+        bridge copies."""
+        if self.debug_inputs is not None:
+            s_args, s_kwargs = self.debug_inputs
+            with attention.policy(attention_policy), BreakableCUDAGraphCapture(self.graph, debug=True):
+                return forward(*s_args, **s_kwargs)
+        self.graph.replay()
+        return self.outputs
+
+    def fall_back(self, reason: str) -> None:
+        """From now on the key runs eagerly: a capture that worked (or made module mode) is released."""
+        if self.fallback is None:
+            self.release()
+        self.fallback = reason
+        self.module_mode = False
 
     def release(self) -> None:
         if self.graph is not None:
             self.graph.reset()
-        if self.children is not None:
-            self.children.release()
         self.graph = None
         self.static_inputs = []
         self.outputs = None
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())
 
 
 @dataclass
 class CaptureContext:
     """What a capture needs from its runner."""
 
-    module: torch.nn.Module  # what is captured: the transformer, or one child of it in module mode
+    module: torch.nn.Module  # what is captured: the transformer, or one of its units in module mode
     forward: Callable
     config: BCGConfig
     eager_modules: EagerModules
@@ -107,93 +137,107 @@ def capture_entry(
     library handles and, within it, ``blas_workspace``), ``record`` (the forward under capture),
     ``instantiate`` (ending each segment's capture: instantiation of its graph), ``accounting``
     (graph memory), and ``retries`` (failed attempts before the one kept)."""
-    if sabotage.captures_fail():
-        return GraphEntry(key, None, [], None, fallback=f"{sabotage.ENV_SABOTAGE}=fallback (test-only)", layouts=layouts)
-    with capture_lock, attention_breaks.policy(ctx.config.attention):
+    with capture_lock, attention.policy(ctx.config.attention):
         return _capture(ctx, key, static, s_args, s_kwargs, layouts)
 
 
-def replay_entry(entry: GraphEntry, forward: Callable, attention: str) -> Any:
-    """Replay a captured entry (its static inputs already filled); returns its outputs (the
-    graph's buffers). A debug-mode entry runs ``forward`` again on its static inputs, through
-    the same breaks and bridge copies."""
-    if entry.debug_inputs is not None:
-        s_args, s_kwargs = entry.debug_inputs
-        with attention_breaks.policy(attention), BreakableCUDAGraphCapture(entry.graph, debug=True):
-            return forward(*s_args, **s_kwargs)
-    sabotage.replay(entry.graph)
-    return entry.outputs
+@dataclass
+class _Attempts:
+    """One key's capture across its attempts: the parts made eager so far, the first failure that
+    led to narrowing, whether the one plain retry was made, the host seconds of failed attempts,
+    and the memory pool the next attempt captures into."""
+
+    ctx: CaptureContext
+    start: float
+    pool: Any
+    narrowed: list[str] = field(default_factory=list)
+    first_failure: str = ""
+    retried: bool = False
+    failed_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return type(self.ctx.module).__name__
 
 
 def _capture(
     ctx: CaptureContext, key: GraphKey, static: list, s_args: tuple, s_kwargs: dict, layouts: list | None
 ) -> GraphEntry:
-    name = type(ctx.module).__name__
-    stream = ctx.stream
-    start = time.perf_counter()
     debug = ctx.config.debug  # debug mode takes the same path, failures and narrowing included; it captures nothing
-    narrowed: list[str] = []
-    first_failure = ""  # where the first failure that led to narrowing was, and its operation
-    retried = False
-    failed_s = 0.0
-    pool = ctx.pool
+    attempts = _Attempts(ctx, time.perf_counter(), ctx.pool)
     while True:
         graph = BreakableCUDAGraph()
         attempt = time.perf_counter()
         capture = (
             BreakableCUDAGraphCapture(graph, debug=True) if debug
-            else BreakableCUDAGraphCapture(graph, pool=pool, stream=stream, capture_error_mode="thread_local")
+            else BreakableCUDAGraphCapture(graph, pool=attempts.pool, stream=ctx.stream, capture_error_mode="thread_local")
         )
         try:
             with attention_layouts.using_layouts(layouts), _generators_kept(debug, static), capture:
                 outputs = ctx.forward(*s_args, **s_kwargs)
         except Exception as exc:
-            failed_s += time.perf_counter() - attempt
-            if pool is not None and not debug:  # a failed capture's pool is not reused: retries get a fresh one
-                pool = torch.cuda.graph_pool_handle()
-            op = describe_failure(exc)
-            if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
-                continue
-            if not retried:
-                # Another thread's device-wide synchronisation (torch.cuda.synchronize, empty_cache)
-                # invalidates any capture in the process: try once more as it is before narrowing.
-                retried = True
-                logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
-                continue
-            action, where = _narrow_safely(ctx, exc, narrowed)
-            first_failure = first_failure or f"{where} ({op})"
-            elapsed = time.perf_counter() - start
-            also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
-            if action is MODULE_MODE:
-                ctx.warn(
-                    f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
-                    "each call of its blocks and other submodules replays a graph of its own (module mode)."
-                )
-                return GraphEntry(
-                    key, None, [], None, capture_time_s=elapsed, eager_modules=narrowed, layouts=layouts,
-                    module_mode=True, phases={"retries": failed_s},
-                )
-            if action is None:
-                ctx.warn(
-                    f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
-                    "module in BCGConfig.eager_modules, or use debug=True to investigate."
-                )
-                return GraphEntry(key, None, [], None, fallback=op, capture_time_s=elapsed, layouts=layouts)
-            narrowed.append(action)
-            logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
+            attempts.failed_s += time.perf_counter() - attempt
+            given_up = _after_failure(attempts, exc)
+            if given_up is not None:
+                return given_up
             continue
-        break
-    if narrowed:
+        return _captured(attempts, key, graph, static, outputs, attempt, (s_args, s_kwargs))
+
+
+def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
+    """What a failed attempt leads to: ``None`` to try again (after evicting for memory, once as it
+    is, or with one more part eager), or the entry of a key that runs eagerly or in module mode."""
+    ctx, name = attempts.ctx, attempts.name
+    if attempts.pool is not None and not ctx.config.debug:  # a failed capture's pool is not reused: retries get a fresh one
+        attempts.pool = torch.cuda.graph_pool_handle()
+    op = describe_failure(exc)
+    if isinstance(exc, torch.OutOfMemoryError) and ctx.evict_all():
+        return None
+    if not attempts.retried:
+        # Another thread's device-wide synchronisation (torch.cuda.synchronize, empty_cache)
+        # invalidates any capture in the process: try once more as it is before narrowing.
+        attempts.retried = True
+        logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
+        return None
+    narrowed = attempts.narrowed
+    action, where = _narrow_safely(ctx, exc, narrowed)
+    attempts.first_failure = attempts.first_failure or f"{where} ({op})"
+    elapsed = time.perf_counter() - attempts.start
+    also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
+    if action is MODULE_MODE:
         ctx.warn(
-            f"bcg: capture of {name} failed{first_failure}; {', '.join(narrowed)} now "
+            f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
+            "each call of its blocks and other submodules replays a graph of its own (module mode)."
+        )
+        return GraphEntry(None, [], None, capture_time_s=elapsed, eager_modules=narrowed, module_mode=True,
+                          phases={"retries": attempts.failed_s})
+    if action is None:
+        ctx.warn(
+            f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
+            "module in BCGConfig.eager_modules, or use debug=True to investigate."
+        )
+        return GraphEntry(None, [], None, fallback=op, capture_time_s=elapsed)
+    narrowed.append(action)
+    logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
+    return None
+
+
+def _captured(
+    attempts: _Attempts, key: GraphKey, graph: BreakableCUDAGraph, static: list, outputs: Any, attempt: float,
+    static_call: tuple,
+) -> GraphEntry:
+    """The entry of a capture that worked (in debug mode: ran), with its memory and phases."""
+    start, narrowed, failed_s = attempts.start, attempts.narrowed, attempts.failed_s
+    if narrowed:
+        attempts.ctx.warn(
+            f"bcg: capture of {attempts.name} failed{attempts.first_failure}; {', '.join(narrowed)} now "
             f"{'runs as an eager break' if len(narrowed) == 1 else 'run as eager breaks'} and the rest is captured."
         )
     recorded = time.perf_counter()
-    if debug:
-        elapsed = recorded - start
+    if attempts.ctx.config.debug:
         return GraphEntry(
-            key, graph, static, None, capture_time_s=elapsed, eager_modules=narrowed, debug_inputs=(s_args, s_kwargs),
-            layouts=layouts, phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
+            graph, static, None, capture_time_s=recorded - start, eager_modules=narrowed, debug_inputs=static_call,
+            phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
         )
     memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
@@ -203,10 +247,8 @@ def _capture(
     if failed_s:
         phases["retries"] = failed_s
     logger.debug("bcg: captured %s: %r in %.3f s (%s)", key.summary(), graph, elapsed, phases)
-    return GraphEntry(
-        key, graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
-        layouts=layouts, phases=phases,
-    )
+    return GraphEntry(graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
+                      phases=phases)
 
 
 MODULE_MODE = "module mode"
@@ -312,3 +354,48 @@ def warn_once(seen: set[str], message: str) -> None:
         return
     seen.add(message)
     warnings.warn(message, BCGCaptureWarning, stacklevel=5)
+
+
+def _never() -> bool:
+    return False
+
+
+class Captures:
+    """What the captures of one runner share: its config and eager parts, one capture stream, its
+    watchers (told of each capture: :meth:`~.events.RunnerEvents.capturing` and ``captured``) and
+    its counters (a capture that worked, or failed; one that made module mode is neither).
+    ``evict_all`` frees the runner's other graphs when a capture of the transformer runs out of
+    memory."""
+
+    def __init__(
+        self, config: BCGConfig, eager_modules: EagerModules, events: Any, counts: CallCounters,
+        warn: Callable[[str], None], evict_all: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.eager_modules = eager_modules
+        self.events = events
+        self.counts = counts
+        self.warn = warn
+        self.evict_all = evict_all
+        self._stream: torch.cuda.Stream | None = None
+
+    def capture(
+        self, module: torch.nn.Module, call: Call, key: GraphKey, layouts: list | None, *,
+        root: torch.nn.Module | None = None, pool: Any = None,
+    ) -> GraphEntry:
+        """Capture ``call``, the forward of ``module`` on static inputs: the transformer's, or (with
+        its ``root``) one of its units, into ``pool``; see :func:`capture_entry`."""
+        if self._stream is None and call.device_type == "cuda":
+            self._stream = torch.cuda.Stream(call.tensors[0].device)
+        ctx = CaptureContext(
+            module, call.forward, self.config, self.eager_modules, self._stream, self.warn,
+            self.evict_all if root is None else _never,  # no eviction inside a call in module mode: its key's graphs run
+            root=root, pool=pool,
+        )
+        entry = capture_entry(self.events.capturing(ctx), key, call.tensors, call.args, call.kwargs, layouts)
+        self.events.captured(entry)
+        if entry.fallback is not None:
+            self.counts.failed_captures += 1
+        elif not entry.module_mode:
+            self.counts.captures += 1
+        return entry

@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.handles import patch_attribute
 from .python_code import is_class_forward, qualified_name
 
 logger = logging.getLogger("bcg_diffusion")
 
-_MISSING = object()
 _DIFFUSERS_OUTER = "HookRegistry.register_hook.<locals>.create_new_forward.<locals>.new_forward"
 
 
@@ -70,10 +70,9 @@ class ForwardChain:
         self._on_change = on_change
         self.forwards: list[Any] = [CLASS_FORWARD if is_class_forward(module, base) else base]
         self.links: list[Callable] = [base_link]
-        self._expected: Any = module.__dict__.get("forward", _MISSING)
-        self._previous_call_impl = module.__dict__.get("_call_impl", _MISSING)
+        self._expected: Any = module.__dict__.get("forward")  # None: no instance forward
         self._chained_call_impl = module._call_impl
-        module.__dict__["_call_impl"] = self._guarded_call
+        self._guard = patch_attribute(module, "_call_impl", self._guarded_call)
 
     # -- what runs ------------------------------------------------------------------------------
     @property
@@ -93,15 +92,15 @@ class ForwardChain:
 
     # -- the guard ------------------------------------------------------------------------------
     def _guarded_call(self, *args: Any, **kwargs: Any) -> Any:
-        if self.module.__dict__.get("forward", _MISSING) is not self._expected:
+        if self.module.__dict__.get("forward") is not self._expected:
             self.relink()
         return self._chained_call_impl(*args, **kwargs)
 
     def relink(self) -> None:
         """Bring the levels in line with what ``module.forward`` is now."""
-        current = self.module.__dict__.get("forward", _MISSING)
+        current = self.module.__dict__.get("forward")
         name = type(self.module).__name__
-        if current is _MISSING or is_class_forward(self.module, current):
+        if current is None or is_class_forward(self.module, current):
             logger.info("bcg: %s's forward was set back to its class forward; the graphs follow it", name)
             self.forwards, self.links = [CLASS_FORWARD], self.links[:1]
             self._hook_ref.original_forward = type(self.module).forward.__get__(self.module)
@@ -130,10 +129,7 @@ class ForwardChain:
         """Put back the instance ``_call_impl``, and in ``module.forward`` the forward last assigned
         (a foreign forward stays where its owner put it). Links left in foreign code still work:
         after removal they run their level's forward eagerly (the runner passes them through)."""
-        if self._previous_call_impl is _MISSING:
-            self.module.__dict__.pop("_call_impl", None)
-        else:
-            self.module.__dict__["_call_impl"] = self._previous_call_impl
+        self._guard.remove()
         if self.top > 0:
             self.module.__dict__["forward"] = self.forwards[-1]
         elif self.module.__dict__.get("forward") is self.links[0] or "forward" not in self.module.__dict__:

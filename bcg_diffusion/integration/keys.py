@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -198,6 +198,48 @@ def rebuild_inputs(args: tuple, kwargs: dict, tensors: list[torch.Tensor], devic
     return tree_map(lambda _: next(it), (args, kwargs), is_leaf=is_replaced)
 
 
+@dataclass
+class Call:
+    """One call of ``forward``, its inputs read once (:func:`flatten_inputs` on ``device_type``):
+    the key ``fields`` and the ``tensors`` a capture copies; ``unkeyed`` says why it has no key
+    (inputs that cannot be keyed, or none on the device), and then it runs eagerly."""
+
+    forward: Callable
+    args: tuple
+    kwargs: dict
+    device_type: str
+    fields: tuple = ()
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    unkeyed: str | None = None
+
+    @classmethod
+    def read(cls, forward: Callable, args: tuple, kwargs: dict, device_type: str) -> "Call":
+        try:
+            fields, tensors = flatten_inputs(args, kwargs, device_type=device_type)
+        except UncacheableInput as exc:
+            return cls(forward, args, kwargs, device_type, unkeyed=f"uncacheable input: {exc}")
+        unkeyed = None if tensors else f"no input tensor is on a {device_type.upper()} device"
+        return cls(forward, args, kwargs, device_type, fields, tensors, unkeyed)
+
+    def run(self) -> Any:
+        return self.forward(*self.args, **self.kwargs)
+
+    def on(self, tensors: list[torch.Tensor]) -> "Call":
+        """The same call with ``tensors`` in place of its tensors (static inputs for a capture)."""
+        args, kwargs = rebuild_inputs(self.args, self.kwargs, tensors, device_type=self.device_type)
+        return Call(self.forward, args, kwargs, self.device_type, self.fields, list(tensors))
+
+    def changes(self) -> str | None:
+        """What running the call changed in its own inputs (an object it writes to, a host tensor),
+        read again now; ``None`` when nothing did (or it has no such inputs)."""
+        if not any(isinstance(v, (ObjectState, HostTensor)) for _, v in self.fields):
+            return None
+        after, _ = flatten_inputs(self.args, self.kwargs, device_type=self.device_type)
+        if after == self.fields:
+            return None
+        return GraphKey(after, (), None).difference(GraphKey(self.fields, (), None))
+
+
 def _flag(read: Any) -> Any:
     try:
         return read()
@@ -261,11 +303,8 @@ def value_fields(info: Any, kwargs: dict) -> tuple:
     return tuple(fields)
 
 
-def build_key(
-    module: torch.nn.Module, info: Any, kwargs: dict, inputs: tuple, weights: Any, extra: tuple[tuple[str, Any], ...] = ()
-) -> GraphKey:
-    """The key of one call: its flattened ``inputs``, the mask values ``info`` declares, the
-    execution state with the attention backend in force and ``extra`` fields, and the weight
-    fingerprint."""
+def build_key(module: torch.nn.Module, info: Any, call: Call, weights: Any, extra: tuple[tuple[str, Any], ...] = ()) -> GraphKey:
+    """The key of one call: its input fields, the mask values ``info`` declares, the execution
+    state with the attention backend in force and ``extra`` fields, and the weight fingerprint."""
     state = execution_state(module, (("attention_backend", active_attention_backend()), *extra))
-    return GraphKey(inputs + value_fields(info, kwargs), state, weights)
+    return GraphKey(call.fields + value_fields(info, call.kwargs), state, weights)

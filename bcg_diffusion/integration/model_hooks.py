@@ -146,6 +146,12 @@ def _is_class_forward(module: torch.nn.Module, fn: Any) -> bool:
     return getattr(fn, "__self__", None) is module and getattr(fn, "__func__", None) is type(module).forward
 
 
+def call_attribute(module: torch.nn.Module) -> str:
+    """The instance attribute through which ``module``'s calls go, where an interceptor goes: its
+    compiled call (``module.compile()``) or torch's ``_call_impl``."""
+    return "_compiled_call_impl" if module.__dict__.get("_compiled_call_impl") is not None else "_call_impl"
+
+
 def invalidate_registry_caches(root: torch.nn.Module) -> None:
     """Drop diffusers' cached lists of child registries under ``root`` (cache_context() walks them);
     call after adding or removing registries below ``root``."""

@@ -10,7 +10,7 @@ Two parts, read together once per pipeline call (every call for a bare transform
   ``ModelHook``s and torch forward hooks) and which submodules are in training mode.
 
 A new fingerprint is part of the graph key; a new structure drops the transformer's graphs and
-re-plans its hooked modules (see :mod:`.hooked_modules`). Hooks that move or re-cast weights per
+re-plans its hooked modules (see :mod:`.breaks.hooked_modules`). Hooks that move or re-cast weights per
 call (group offloading, layerwise casting, accelerate's offload hooks) and caches keyed on tensor
 addresses are refused with :class:`~bcg_diffusion.AccelerationError`.
 """
@@ -63,7 +63,7 @@ STEP_CACHE_HOOKS: dict[str, HookRule] = {
 # Any other hook: the module's body runs eagerly (its hooks may read or change anything).
 UNKNOWN_HOOK = HookRule(False, fresh_outputs=True, retain_args=True)
 # diffusers' context-parallel hooks run inline, captured with their module: the split is a view of its
-# input, and the gather's collective is an eager break of its own (integration/cp_gather.py). Their
+# input, and the gather's collective is an eager break of its own (integration/breaks/cp_gather.py). Their
 # modules are no hooked modules (integration/parallel.py, integration/cp_support.py).
 INLINE_HOOKS = frozenset({"ContextParallelSplitHook", "ContextParallelGatherHook"})
 

@@ -17,12 +17,12 @@ spine itself and modules with hooks (step caches: they run as hooked modules do)
 Contracts:
 
 - A unit's call is identified by its path and its occurrence in the call (the second call of
-  ``transformer_blocks.3`` in one transformer call is another slot than the first), so Python
-  that skips some units on some calls (a step cache) keeps the other slots' graphs.
-- Each unit call keeps a slot per input layout and values (the key fields of a transformer call;
-  :data:`MAX_LAYOUTS_PER_CALL` of them, least recently used dropped). A slot's first
-  ``warmup_iters`` calls run eagerly (recording attention layouts), the next one captures; a
-  slot whose capture failed runs eagerly.
+  ``transformer_blocks.3`` in one transformer call is another unit call than the first), so Python
+  that skips some units on some calls (a step cache) keeps the other unit calls' graphs.
+- Each unit call keeps a :class:`~.slots.Slot` per input layout and values (the key fields of a
+  transformer call; :data:`MAX_LAYOUTS_PER_CALL` of them, least recently used dropped), with the
+  life of a transformer key's slot: ``warmup_iters`` eager calls (recording attention layouts),
+  then a capture, then replays, or eager calls where the capture failed.
 - With ``fresh_outputs`` (opaque Python, which may keep what it is given across calls) a replay
   returns copies of its outputs, and copies every input into its static buffers. Without it
   (the transformer's own code), outputs are the graph's buffers, kept alive by the graph, and an
@@ -36,14 +36,17 @@ from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from . import attention_layouts, sabotage
+from ..config import BCGConfig
 from ..core.tree import tree_map, walk
-from .keys import GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
+from ..stats import UnitCounters
+from .breaks import units as unit_calls
+from .entries import GraphEntry
+from .keys import Call, GraphKey
+from .slots import CAPTURE, FALLBACK, WARMUP, Slot
 
 logger = logging.getLogger("bcg_diffusion")
 
@@ -89,66 +92,70 @@ def spine_of(opaque_paths: list[str]) -> set[str]:
     return spine
 
 
-@dataclass
-class _Slot:
-    """One unit call: a unit's path and its occurrence in the transformer call."""
+class _TransformerCall:
+    """One transformer call in module mode: how often each unit was called, and the storages of the
+    unit outputs it made (read in place by later units)."""
 
-    path: str
-    inputs: tuple
-    calls: int = 0
-    layouts: list | None = None
-    entry: Any = None  # GraphEntry of the unit's graph once captured
-    borrowed: list[bool] = field(default_factory=list)  # per static input: another unit's output, read in place
+    def __init__(self) -> None:
+        self.occurrences: dict[str, int] = {}
+        self.outputs: set[int] = set()
 
+    def where(self, path: str) -> tuple[str, int]:
+        occurrence = self.occurrences.get(path, 0)
+        self.occurrences[path] = occurrence + 1
+        return path, occurrence
 
-@dataclass
-class ChildCounters:
-    """How the unit calls of one key ran (see ``BCGStats``'s ``child_*`` fields)."""
-
-    hits: int = 0
-    warmup_calls: int = 0
-    eager_calls: int = 0
-    failed_captures: int = 0
+    def note_outputs(self, outputs: Any) -> None:
+        for _, _, leaf in walk(outputs):
+            if isinstance(leaf, torch.Tensor):
+                self.outputs.add(leaf.untyped_storage().data_ptr())
 
 
-class ChildGraphs:
+CaptureUnit = Callable[[torch.nn.Module, Call, GraphKey, "list | None", Any], GraphEntry]
+
+
+class UnitGraphs:
     """The unit graphs of one key in module mode (see the module docstring).
 
-    ``capture(path, module, chain, key, static, s_args, s_kwargs, layouts)`` is given by the runner: it
-    captures ``chain`` on the static inputs it is handed and returns a GraphEntry (``fallback``
-    set when the capture failed); ``replay(entry, chain)`` replays one (its static inputs filled)
-    and returns its outputs.
+    ``capture(module, call, key, layouts, pool)`` is given by the runner: it captures ``call`` (its
+    forward on static inputs) of the unit ``module`` into the memory ``pool`` and returns a
+    :class:`~.entries.GraphEntry` (``fallback`` set when the capture failed). ``reason`` says why the
+    transformer's own Python runs eagerly (``GraphEntryStats.eager_reason``).
     """
 
     def __init__(
         self,
         units: list[tuple[str, torch.nn.Module]],
-        capture: Callable[..., Any],
-        warmup_iters: int,
+        capture: CaptureUnit,
+        config: BCGConfig,
+        *,
+        reason: str,
         fresh_outputs: bool = False,
         device_type: str = "cuda",
-        replay: Callable[[Any, Callable], Any] | None = None,
         skip: set[str] | None = None,
     ) -> None:
-        self.units = units
-        self._skip = skip or set()
-        self._modules = dict(units)
-        self.device_type = device_type
+        self.units = dict(units)
+        self.reason = reason
         self.fresh_outputs = fresh_outputs
+        self.counters = UnitCounters()
+        self.capture_time_s = 0.0  # of every unit capture made, kept or not
+        self.memory_bytes = 0  # of every unit capture made, as counted at capture
         # per unit call (path, occurrence): its slots by input layout, most recently used last
-        self.slots: dict[tuple[str, int], collections.OrderedDict[tuple, _Slot]] = {}
-        self.counters = ChildCounters()
+        self._slots: dict[tuple[str, int], collections.OrderedDict[tuple, Slot]] = {}
         self._capture = capture
-        self._replay = replay or (lambda entry, chain: (sabotage.replay(entry.graph), entry.outputs)[1])
-        self._warmup_iters = warmup_iters
-        self._occurrences: dict[str, int] = {}
-        self._outputs: set[int] = set()  # storages of unit outputs of this call (read in place)
+        self._config = config
+        self._device_type = device_type
+        self._skip = skip or set()
+        # one memory pool for the unit graphs of the key, a new one after a failed capture
+        self._pool = torch.cuda.graph_pool_handle() if device_type == "cuda" else None
+        self._call = _TransformerCall()
 
     # -- stats ------------------------------------------------------------------------------
-    def _all_slots(self) -> list[_Slot]:
-        return [slot for variants in self.slots.values() for slot in variants.values()]
+    def _all_slots(self) -> list[Slot]:
+        return [slot for variants in self._slots.values() for slot in variants.values()]
 
-    def entries(self) -> list[Any]:
+    def entries(self) -> list[GraphEntry]:
+        """The unit graphs captured and kept."""
         return [s.entry for s in self._all_slots() if s.entry is not None and s.entry.fallback is None]
 
     @property
@@ -159,132 +166,99 @@ class ChildGraphs:
     def breaks(self) -> int:
         return sum(e.breaks for e in self.entries())
 
-    @property
-    def memory_bytes(self) -> int:
-        return sum(e.memory_bytes for e in self.entries())
-
     def release(self) -> None:
         for slot in self._all_slots():
-            if slot.entry is not None:
-                slot.entry.release()
-        self.slots.clear()
+            slot.release()
+        self._slots.clear()
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, forward: Callable, args: tuple, kwargs: dict) -> Any:
         """One call of the transformer in module mode: ``forward`` runs with the units intercepted."""
-        self._occurrences = {}
-        self._outputs = set()
-        undo = []
-        try:
-            for path, module in self.units:
-                attr = "_compiled_call_impl" if module.__dict__.get("_compiled_call_impl") is not None else "_call_impl"
-                had = attr in module.__dict__
-                previous = module.__dict__.get(attr)
-                module.__dict__[attr] = self._interceptor(path, getattr(module, attr))
-                undo.append((module, attr, had, previous))
+        self._call = _TransformerCall()
+        with unit_calls.intercept(self.units, self._route):
             return forward(*args, **kwargs)
-        finally:
-            for module, attr, had, previous in reversed(undo):
-                if had:
-                    module.__dict__[attr] = previous
-                else:
-                    module.__dict__.pop(attr, None)
 
-    def _interceptor(self, path: str, chain: Callable) -> Callable:
+    def _route(self, path: str, chain: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
-            occurrence = self._occurrences.get(path, 0)
-            self._occurrences[path] = occurrence + 1
-            return self._unit_call((path, occurrence), chain, args, kwargs)
+            return self._unit_call(self._call.where(path), Call.read(chain, args, kwargs, self._device_type))
 
         return call
 
-    def _eager(self, chain: Callable, args: tuple, kwargs: dict) -> Any:
-        self.counters.eager_calls += 1
-        return chain(*args, **kwargs)
+    def _unit_call(self, where: tuple[str, int], call: Call) -> Any:
+        if call.unkeyed is not None:
+            return self._eager(call)
+        slot = self._slot(where, call.fields)
+        path = slot.path(self._config.warmup_iters)
+        if path == WARMUP:
+            self.counters.warmup_calls += 1
+            return slot.warm_up(call.run)
+        if path == CAPTURE:
+            path = self._capture_slot(where[0], slot, call)
+        if path == FALLBACK or not slot.entry.fill(call.tensors):  # a borrowed input elsewhere: never written into
+            return self._eager(call)
+        return self._replay(slot.entry, call.forward)
 
-    def _unit_call(self, where: tuple[str, int], chain: Callable, args: tuple, kwargs: dict) -> Any:
-        try:
-            inputs, tensors = flatten_inputs(args, kwargs, device_type=self.device_type)
-        except UncacheableInput:
-            return self._eager(chain, args, kwargs)
-        if not tensors:
-            return self._eager(chain, args, kwargs)
-        variants = self.slots.setdefault(where, collections.OrderedDict())
-        slot = variants.get(inputs)
-        if slot is None:
-            slot = variants[inputs] = _Slot(where[0], inputs)
-            while len(variants) > MAX_LAYOUTS_PER_CALL:
-                _, dropped = variants.popitem(last=False)
-                if dropped.entry is not None:
-                    dropped.entry.release()
-        else:
-            variants.move_to_end(inputs)
-        if slot.entry is None:
-            if slot.calls < self._warmup_iters:
-                slot.calls += 1
-                self.counters.warmup_calls += 1
-                with attention_layouts.recording_layouts() as layouts:
-                    out = chain(*args, **kwargs)
-                slot.layouts = layouts
-                return out
-            self._capture_slot(slot, chain, args, kwargs, tensors)
-        entry = slot.entry
-        if entry.fallback is not None:
-            return self._eager(chain, args, kwargs)
-        refresh = not sabotage.stale_inputs()
-        for static, live, borrowed in zip(entry.static_inputs, tensors, slot.borrowed):
-            if _same_view(static, live):
-                continue
-            if borrowed:  # the captured input was another unit's output: never write into it
-                return self._eager(chain, args, kwargs)
-            if refresh:
-                static.copy_(live)
-        outputs = self._replay(entry, chain)
+    def _eager(self, call: Call) -> Any:
+        self.counters.eager_calls += 1
+        return call.run()
+
+    def _replay(self, entry: GraphEntry, chain: Callable) -> Any:
+        outputs = entry.replay(chain, self._config.attention)
         entry.hits += 1
         self.counters.hits += 1
         if self.fresh_outputs:
             return tree_map(torch.Tensor.clone, outputs)
-        self._note_outputs(outputs)
+        self._call.note_outputs(outputs)
         return outputs
 
-    def _capture_slot(self, slot: _Slot, chain: Callable, args: tuple, kwargs: dict, tensors: list) -> None:
-        static, borrowed = [], []
-        for t in tensors:
-            if not self.fresh_outputs and t.untyped_storage().data_ptr() in self._outputs:
-                static.append(t)  # graph memory of an earlier unit: read in place
-                borrowed.append(True)
+    def _slot(self, where: tuple[str, int], inputs: tuple) -> Slot:
+        variants = self._slots.setdefault(where, collections.OrderedDict())
+        slot = variants.get(inputs)
+        if slot is not None:
+            variants.move_to_end(inputs)
+            return slot
+        slot = variants[inputs] = Slot(GraphKey(inputs, (("module_mode_unit", where[0]),), None))
+        while len(variants) > MAX_LAYOUTS_PER_CALL:
+            variants.popitem(last=False)[1].release()
+        return slot
+
+    def _capture_slot(self, path: str, slot: Slot, call: Call) -> str:
+        static, borrowed = self._static_inputs(call.tensors)
+        entry = self._capture(self.units[path], call.on(static), slot.key, slot.layouts, self._pool)
+        if self._pool is not None and ("retries" in entry.phases or entry.fallback is not None):
+            self._pool = torch.cuda.graph_pool_handle()  # later units do not share a failed capture's pool
+        self.capture_time_s += entry.capture_time_s
+        self.memory_bytes += entry.memory_bytes
+        entry.borrowed = borrowed
+        slot.entry = entry
+        if entry.fallback is not None:
+            self.counters.failed_captures += 1
+            if self._expand(path):
+                logger.info("bcg: module mode: %s does host work in its own forward (%s); its forward runs eagerly "
+                            "from its next call and its submodules replay", path, entry.fallback)
+            else:
+                logger.info("bcg: module mode: %s runs eagerly (%s)", path, entry.fallback)
+        return slot.path(self._config.warmup_iters)
+
+    def _static_inputs(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], frozenset[int]]:
+        """Static buffers for a unit's capture, and which of them are read in place (an earlier
+        unit's output of this call: graph memory)."""
+        static, borrowed = [], set()
+        for i, t in enumerate(tensors):
+            if not self.fresh_outputs and t.untyped_storage().data_ptr() in self._call.outputs:
+                static.append(t)
+                borrowed.add(i)
             else:
                 static.append(torch.empty_like(t).copy_(t))
-                borrowed.append(False)
-        s_args, s_kwargs = rebuild_inputs(args, kwargs, static, device_type=self.device_type)
-        key = GraphKey(slot.inputs, (("module_mode_child", slot.path),), None)
-        slot.entry = self._capture(slot.path, self._modules[slot.path], chain, key, static, s_args, s_kwargs, slot.layouts)
-        slot.borrowed = borrowed
-        if slot.entry.fallback is not None:
-            self.counters.failed_captures += 1
-            if self._expand(slot.path):
-                logger.info("bcg: module mode: %s does host work in its own forward (%s); its forward runs eagerly "
-                            "from its next call and its submodules replay", slot.path, slot.entry.fallback)
-            else:
-                logger.info("bcg: module mode: %s runs eagerly (%s)", slot.path, slot.entry.fallback)
+        return static, frozenset(borrowed)
 
     def _expand(self, path: str) -> bool:
         """Put a unit whose capture failed on the eager spine: its children become units (from the
         next transformer call). False when it has none that could replay."""
-        module = self._modules[path]
-        children = [(p, c) for p, c in _children(module, f"{path}.")
+        children = [(p, c) for p, c in _children(self.units[path], f"{path}.")
                     if p not in self._skip and next(c.children(), None) is not None]
         if not children:
             return False
-        self.units = [u for u in self.units if u[0] != path] + children
-        self._modules.update(children)
+        del self.units[path]
+        self.units.update(children)
         return True
-
-    def _note_outputs(self, outputs: Any) -> None:
-        for _, _, leaf in walk(outputs):
-            if isinstance(leaf, torch.Tensor):
-                self._outputs.add(leaf.untyped_storage().data_ptr())
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())

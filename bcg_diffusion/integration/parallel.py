@@ -2,16 +2,17 @@
 
 Under ``enable_parallelism(config=ContextParallelConfig(...))`` every rank runs collectives in each
 transformer call: inside attention (an eager break, never captured: the attention policy is forced
-to ``"break"`` for captures) and in the output gather (an eager break too, :mod:`.cp_gather`). A
+to ``"break"`` for captures) and in the output gather (an eager break too, :mod:`.breaks.cp_gather`). A
 capture runs no collective at all (breaks only allocate their outputs there; eager modules holding
 attention are refused, :mod:`.cp_support`; debug mode runs every break for real, alike on every
 rank), so what must be equal on every rank is the sequence of *real* executions of the forward: a
 rank that runs a call twice (a replay stopped half-way, then eagerly) or skips one leaves the others
-waiting in a collective. :class:`Lockstep` makes every decision that changes it
-together, through :class:`~.lockstep.RankAgreement` (the job's store, no GPU work):
+waiting in a collective. :class:`Lockstep`, a watcher of the runner (:mod:`.events`), makes every
+decision that changes it together, through :class:`~.lockstep.RankAgreement` (the job's store, no
+GPU work):
 
 - before each call, the *plan*: its path (``warmup``, ``capture``, ``replay``, ``fallback``,
-  ``eager``) and a rank-independent digest of its key. Ranks that differ (other inputs, weights,
+  ``eager``, ``module``: :data:`~.slots.PATHS`) and a rank-independent digest of its key. Ranks that differ (other inputs, weights,
   structure, a state that drifted) get :class:`~.lockstep.RankDisagreementError` on every rank,
   before any collective;
 - after each capture, its outcome: a capture that failed on one rank falls back to eager on all,
@@ -25,24 +26,25 @@ together, through :class:`~.lockstep.RankAgreement` (the job's store, no GPU wor
   where they wait in code that polls :func:`raise_if_peer_aborted`; one that fails in a collective
   because its peer went away reports the peer's abort instead of its own timeout.
 
-:data:`NO_RANKS` stands in for a transformer without parallelism (every method a no-op), so the
-runner's call sites are unconditional. :func:`follow` keeps the runner's object current (both
-orders work: ``enable_parallelism`` before or after acceleration).
+:func:`lockstep_for` makes the lockstep of a transformer under context parallelism (refusals
+raise); the runner's structure watch follows the transformer's parallel config with it, so both
+orders work: ``enable_parallelism`` before or after acceleration.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from . import cp_gather, cp_support
+from . import cp_support
+from .breaks import cp_gather
+from .events import RunnerWatcher
 from .keys import GraphKey, HostTensor, ObjectState, TensorSpec
 from .lockstep import RankAbortedError, RankAgreement, RankAgreementError
 
@@ -52,60 +54,21 @@ AGREEMENT_GROUP = "cp"
 _live: "weakref.WeakSet[Lockstep]" = weakref.WeakSet()
 
 
-class NoRanks:
-    """A transformer without parallelism: nothing to agree on."""
-
-    parallel_config: Any = None
-    agreement: RankAgreement | None = None
-
-    def begin_call(self) -> None:
-        pass
-
-    def end_call(self) -> None:
-        pass
-
-    def failed(self, exc: BaseException) -> None:
-        pass
-
-    def agree_key(self, runner: Any, key: GraphKey) -> None:
-        pass
-
-    def agree_eager(self, reason: str | None, args: tuple = (), kwargs: dict | None = None) -> None:
-        pass
-
-    def capture_context(self, ctx: Any) -> Any:
-        return ctx
-
-    def agree_capture(self, entry: Any) -> None:
-        pass
-
-    def replay_failed(self, exc: BaseException) -> None:
-        pass
-
-    def check_structure(self, root: torch.nn.Module, eager_module_names: list[str]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-NO_RANKS = NoRanks()
-
-
-class Lockstep(NoRanks):
+class Lockstep(RunnerWatcher):
     """The ranks of one context-parallel transformer (see the module docstring).
 
-    ``agreement`` is ``None`` when the context-parallel group has one rank. Contract: every rank
-    of the group makes the same calls of the transformer, in the same order (the runner's call
-    sites make the same agreement calls then); the object must be created in the same order on
-    every rank (agreements are numbered per group).
+    ``agreement`` is ``None`` when the context-parallel group has one rank; ``gather`` is the handle
+    of the gather break (:func:`~.breaks.cp_gather.acquire`), removed by :meth:`close`. Contract:
+    every rank of the group makes the same calls of the transformer, in the same order (the runner
+    then tells its watchers the same events); the object must be created in the same order on every
+    rank (agreements are numbered per group).
     """
 
-    def __init__(self, parallel_config: Any, agreement: RankAgreement | None, undo_gather: Any = None) -> None:
+    def __init__(self, parallel_config: Any, agreement: RankAgreement | None, gather: Any = None) -> None:
         self.parallel_config = parallel_config
         self.agreement = agreement
         self.calls = 0
-        self._undo_gather = undo_gather
+        self._gather = gather
         self._current: int | None = None
         self._planned = False
         self._phase = "before its plan"
@@ -117,24 +80,24 @@ class Lockstep(NoRanks):
         return self.agreement.rank if self.agreement is not None else 0
 
     # -- calls ----------------------------------------------------------------------------
-    def begin_call(self) -> None:
+    def call_began(self) -> None:
         self._current = self.calls
         self.calls += 1
         self._planned = False
         self._phase = "before its plan"
 
-    def end_call(self) -> None:
+    def call_ended(self) -> None:
         self._current = None
 
     def _index(self) -> int:
         if self._current is None:  # created inside this call (parallelism enabled after accelerating)
-            self.begin_call()
+            self.call_began()
         return self._current
 
     def where(self) -> str:
         return f"in transformer call {self._index()} ({self._phase})"
 
-    def failed(self, exc: BaseException) -> None:
+    def call_failed(self, exc: BaseException) -> None:
         """``exc`` leaves a call on this rank. A communication error after another rank aborted
         is reported as that rank's abort (it is the cause); any other error is this rank's own: it
         is published to the others (unless one aborted before) and goes on with a note."""
@@ -152,17 +115,16 @@ class Lockstep(NoRanks):
         _add_note(exc, f"bcg: rank {self.rank} raised this {where}; {told}")
 
     # -- decisions ------------------------------------------------------------------------
-    def agree_key(self, runner: Any, key: GraphKey) -> None:
+    def planned(self, path: str, key: GraphKey) -> None:
         """The plan round of this call: its path and key on every rank (see the module docstring)."""
-        if self._planned:
-            return
-        self._plan(local_plan(runner, key), f"{key_digest(key)} {key_shapes(key)}")
+        if not self._planned:
+            self._plan(path, f"{key_digest(key)} {key_shapes(key)}")
 
-    def agree_eager(self, reason: str | None, args: tuple = (), kwargs: dict | None = None) -> None:
+    def planned_eager(self, reason: str, args: tuple = (), kwargs: dict | None = None) -> None:
         """The plan round of a call that runs eagerly before it has a key (its inputs' layout
         stands for the key); a no-op after this call's plan."""
         if not self._planned:
-            self._plan("eager", f"{inputs_digest(args, kwargs or {})} ({reason or 'fallback'})")
+            self._plan("eager", f"{inputs_digest(args, kwargs or {})} ({reason})")
 
     def _plan(self, path: str, detail: str) -> None:
         index = self._index()
@@ -171,13 +133,13 @@ class Lockstep(NoRanks):
         if self.agreement is not None:
             self.agreement.same(f"call {index}: plan", f"{path} {detail}")
 
-    def capture_context(self, ctx: Any) -> Any:
+    def capturing(self, ctx: Any) -> Any:
         """``ctx`` for a capture under context parallelism: attention breaks, nothing is narrowed,
         nothing evicted mid-capture."""
         config = dataclasses.replace(ctx.config, max_narrowing=0, attention="break")
         return dataclasses.replace(ctx, config=config, evict_all=_no_eviction)
 
-    def agree_capture(self, entry: Any) -> None:
+    def captured(self, entry: Any) -> None:
         """Make ``entry``'s capture outcome the ranks' common one (see the module docstring)."""
         ok = entry.fallback is None and not entry.module_mode
         why = entry.fallback or ("module mode" if entry.module_mode else "")
@@ -193,11 +155,7 @@ class Lockstep(NoRanks):
         first = values[failed[0]]["why"]
         ranks = ", ".join(map(str, failed))
         reason = f"capture failed on rank{'s' if len(failed) > 1 else ''} {ranks}: {first}"
-        if ok or entry.module_mode:
-            entry.release()
-            entry.module_mode = False
-            entry.children = None
-        entry.fallback = reason
+        entry.fall_back(reason)
         entry.memory_bytes = 0
         message = f"bcg: {reason}; under context parallelism this input shape now runs eagerly on every rank"
         if message not in self._warned:
@@ -215,14 +173,11 @@ class Lockstep(NoRanks):
             "with the model and shapes; BCGConfig(debug=True) shows which break changed shape."
         ) from exc
 
-    def check_structure(self, root: torch.nn.Module, eager_module_names: list[str]) -> None:
-        cp_support.check_structure(root, eager_module_names)
-
     def close(self) -> None:
         """Undo the gather patch (idempotent)."""
-        undo, self._undo_gather = self._undo_gather, None
-        if undo is not None:
-            undo()
+        gather, self._gather = self._gather, None
+        if gather is not None:
+            gather.remove()
         _live.discard(self)
 
 
@@ -255,25 +210,16 @@ def _no_eviction() -> bool:
 
 
 # -- following the module ---------------------------------------------------------------------
-def follow(runner: Any) -> NoRanks:
-    """The ranks object for ``runner``'s transformer now: ``runner.ranks`` while its parallel
-    config is the same; otherwise the old one is closed, the new one is made (refusals raise
-    :class:`~bcg_diffusion.AccelerationError`) and the runner's structure is read again (its
-    graphs are recaptured)."""
-    module, current = runner.module, runner.ranks
-    parallel = getattr(module, "_parallel_config", None)
-    if parallel is current.parallel_config:
-        return current
-    cp = cp_support.context_parallel_config(module)  # refusals first: nothing changed yet
-    if cp is not None:
-        cp_support.check_config(module, runner.config)
-    current.close()
-    runner.state.invalidate()
-    runner._structure = None  # re-planned at once: hooks, attention breaks, graphs
+def lockstep_for(module: torch.nn.Module, config: Any) -> Lockstep | None:
+    """The lockstep of ``module`` under its parallel config now, ``None`` without parallelism.
+    Refuses (:class:`~bcg_diffusion.AccelerationError`) the parallel set-ups and configs BCG cannot
+    replay. Makes the gather an eager break while the lockstep lives."""
+    cp = cp_support.context_parallel_config(module)
     if cp is None:
-        return NO_RANKS
+        return None
+    cp_support.check_config(module, config)
     logger.info("bcg: %s runs under context parallelism: its ranks agree on every call", type(module).__name__)
-    return Lockstep(parallel, _agreement_for(cp, runner.config.rank_timeout_s), cp_gather.acquire())
+    return Lockstep(module._parallel_config, _agreement_for(cp, config.rank_timeout_s), cp_gather.acquire())
 
 
 def _agreement_for(cp: Any, timeout_s: float) -> RankAgreement | None:
@@ -290,20 +236,6 @@ def _agreement_for(cp: Any, timeout_s: float) -> RankAgreement | None:
     return RankAgreement(store, ranks.index(dist.get_rank()), len(ranks), timeout_s, group=name)
 
 
-@contextlib.contextmanager
-def calling(runner: Any) -> Iterator[None]:
-    """One call of ``runner``: numbered, and an exception leaving it is told to the other ranks
-    (``runner.ranks`` is read again on the way out: :func:`follow` may replace it meanwhile)."""
-    runner.ranks.begin_call()
-    try:
-        yield
-    except BaseException as exc:
-        runner.ranks.failed(exc)
-        raise
-    finally:
-        runner.ranks.end_call()
-
-
 def raise_if_peer_aborted() -> None:
     """Raise the :class:`~.lockstep.RankAbortedError` of a rank that gave up, for code that waits
     for other ranks outside an agreement round (a collective inside a transformer call). One store
@@ -316,21 +248,6 @@ def raise_if_peer_aborted() -> None:
 
 
 # -- what the ranks compare -------------------------------------------------------------------
-def local_plan(runner: Any, key: GraphKey) -> str:
-    """The path this rank's runner takes for ``key`` (a function of its state only)."""
-    entry = runner.entries.get(key)
-    if entry is not None:
-        if entry.fallback is not None:
-            return "fallback"
-        return "module" if entry.module_mode else "replay"
-    seen = runner._seen.get(key)
-    if seen is not None and seen.mutates:
-        return "eager"
-    if seen is None or seen.calls < runner.config.warmup_iters:
-        return "warmup"
-    return "capture"
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, TensorSpec):
         return ("tensor", value.shape, value.stride, str(value.dtype), value.device.type, value.requires_grad)
@@ -385,13 +302,9 @@ def key_shapes(key: GraphKey) -> str:
 
 
 __all__ = [
-    "NO_RANKS",
     "Lockstep",
-    "NoRanks",
     "RankAbortedError",
-    "calling",
-    "follow",
     "key_digest",
-    "local_plan",
+    "lockstep_for",
     "raise_if_peer_aborted",
 ]

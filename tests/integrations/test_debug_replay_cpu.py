@@ -12,8 +12,7 @@ import torch
 
 import bcg_diffusion as bcg
 import bcg_pipelines as pipelines
-from bcg_diffusion.integration.sabotage import ENV_SABOTAGE
-
+import _sabotage
 from _pipes import build, flux_inputs, run, tiny_flux_transformer, transformer_calls
 from _replay import assert_replayed, counters
 
@@ -27,8 +26,18 @@ def _calls(model, seeds):
 
 
 @pytest.fixture(autouse=True)
-def _no_sabotage(monkeypatch):
-    monkeypatch.delenv(ENV_SABOTAGE, raising=False)
+def _no_sabotage():
+    with _sabotage.suspended():
+        yield
+
+
+@pytest.fixture
+def sabotage():
+    """``sabotage(mode)`` breaks every capture of the test in ``mode`` (tests/_sabotage.py)."""
+    handles = []
+    yield lambda mode: handles.append(_sabotage.install(mode))
+    for handle in handles:
+        handle.remove()
 
 
 # every family: two-call CFG (Flux with true CFG here, Wan, ...), batched CFG, embedded guidance, none;
@@ -87,8 +96,8 @@ def test_a_forward_replaced_on_the_instance_runs_in_module_mode():
     bcg.remove_acceleration(model)
 
 
-def test_the_replay_check_fails_when_every_capture_falls_back(monkeypatch):
-    monkeypatch.setenv(ENV_SABOTAGE, "fallback")  # read at acceleration
+def test_the_replay_check_fails_when_every_capture_falls_back(sabotage):
+    sabotage("fallback")
     model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     outs, expected = _calls(model, range(3)), _calls(twin, range(3))
@@ -100,8 +109,8 @@ def test_the_replay_check_fails_when_every_capture_falls_back(monkeypatch):
     bcg.remove_acceleration(model)
 
 
-def test_stale_static_inputs_give_other_outputs_when_inputs_change(monkeypatch):
-    monkeypatch.setenv(ENV_SABOTAGE, "stale_inputs")
+def test_stale_static_inputs_give_other_outputs_when_inputs_change(sabotage):
+    sabotage("stale_inputs")
     model, twin = tiny_flux_transformer(), tiny_flux_transformer()
     bcg.accelerate_transformer(model, DEBUG)
     seeds = [0, 1, 1, 2]  # first call, capture, a replay of the same inputs, a replay of new ones
@@ -111,3 +120,31 @@ def test_stale_static_inputs_give_other_outputs_when_inputs_change(monkeypatch):
     assert not torch.equal(outs[3], expected[3])  # new inputs: the stale replay is caught by the comparison
     assert bcg.get_stats(model).hits == 3  # the counters cannot tell: only changing inputs do
     bcg.remove_acceleration(model)
+
+
+_STARTED = """
+import torch
+import bcg_diffusion as bcg
+model = bcg.accelerate_transformer(torch.nn.Linear(4, 4), bcg.BCGConfig(debug=True, allow_unknown=True))
+with torch.no_grad():
+    for _ in range(3):
+        model(torch.randn(2, 4))
+stats = bcg.get_stats(model)
+print("counters", stats.failed_captures, stats.hits, stats.eager_calls)
+"""
+
+
+def test_a_process_the_tests_start_is_sabotaged_too():
+    """What a sabotaged session starts (a server, a torchrun worker) breaks its captures as well: with
+    tests/sabotage_site on its PYTHONPATH (the conftest puts it there) the sabotage installs itself once
+    the library's runner events are imported. Normally the three calls would be 1 warm-up and 2 replays."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site = Path(_sabotage.__file__).resolve().parent / "sabotage_site"
+    env = {**os.environ, _sabotage.ENV_SABOTAGE: "fallback", "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", _STARTED], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-4:] == ["counters", "1", "0", "2"], proc.stdout  # the capture fell back: nothing replays

@@ -25,11 +25,14 @@ import bcg_diffusion as bcg
 import cp_checks
 import cp_harness
 import cp_worker
-from bcg_diffusion.integration import cp_gather, cp_support, parallel
+from bcg_diffusion.integration import cp_support, parallel
+from bcg_diffusion.integration.breaks import cp_gather
 from bcg_diffusion.integration.entries import GraphEntry
+from bcg_diffusion.integration.events import RunnerEvents, RunnerWatcher
 from bcg_diffusion.integration.keys import GraphKey, HostTensor, ObjectState, TensorSpec
 from bcg_diffusion.integration.lockstep import RankAbortedError, RankAgreement, RankDisagreementError
 from bcg_diffusion.integration.model_state import ModelState
+from bcg_diffusion.integration.slots import Slot
 from bcg_diffusion.integration.static_inputs import static_copy
 
 
@@ -82,35 +85,32 @@ def test_inputs_digest_sees_shapes_and_values_not_identities():
     assert parallel.inputs_digest((torch.zeros(2, 3),), {"flag": False, "obj": object()}) != a
 
 
-def test_local_plan_names_the_path_of_the_runner_state():
-    key = _key()
-    seen = types.SimpleNamespace(calls=1, mutates=None)
-    runner = types.SimpleNamespace(entries={}, _seen={}, config=bcg.BCGConfig(warmup_iters=1))
-    assert parallel.local_plan(runner, key) == "warmup"
-    runner._seen[key] = seen
-    assert parallel.local_plan(runner, key) == "capture"
-    seen.mutates = "changes its inputs"
-    assert parallel.local_plan(runner, key) == "eager"
-    entry = GraphEntry(key, None, [], None)
-    runner.entries[key] = entry
-    assert parallel.local_plan(runner, key) == "replay"
-    entry.fallback = "failed"
-    assert parallel.local_plan(runner, key) == "fallback"
+def test_the_planned_path_names_where_the_key_s_slot_stands():
+    slot = Slot(_key())  # what the runner tells its watchers (the lockstep) before a call
+    assert slot.path(warmup_iters=1) == "warmup"
+    slot.calls = 1
+    assert slot.path(warmup_iters=1) == "capture"
+    slot.refused = "changes its inputs"
+    assert slot.path(warmup_iters=1) == "eager"
+    slot.entry = GraphEntry(None, [], None)
+    assert slot.path(warmup_iters=1) == "replay"
+    slot.entry.fallback = "failed"
+    assert slot.path(warmup_iters=1) == "fallback"
 
 
 def test_capture_context_breaks_attention_and_neither_narrows_nor_evicts():
     ctx = types.SimpleNamespace(config=bcg.BCGConfig(attention="capture_safe", max_narrowing=6), evict_all=lambda: True)
     ctx = dataclasses.make_dataclass("Ctx", ["config", "evict_all"])(ctx.config, ctx.evict_all)
     lockstep = parallel.Lockstep(object(), None)
-    changed = lockstep.capture_context(ctx)
+    changed = lockstep.capturing(ctx)
     assert changed.config.attention == "break" and changed.config.max_narrowing == 0 and changed.evict_all() is False
     assert ctx.config.attention == "capture_safe"  # the runner's own config is left alone
-    assert parallel.NO_RANKS.capture_context(ctx) is ctx
+    assert RunnerWatcher().capturing(ctx) is ctx  # without parallelism nothing changes
     lockstep.close()
 
 
 def test_a_replay_that_stops_part_way_raises_only_under_context_parallelism():
-    parallel.NO_RANKS.replay_failed(RuntimeError("shape"))  # one rank: the runner falls back
+    RunnerWatcher().replay_failed(RuntimeError("shape"))  # one rank: the runner falls back
     with pytest.raises(bcg.AccelerationError, match="cannot run again eagerly on this rank alone"):
         parallel.Lockstep(object(), None).replay_failed(RuntimeError("break output changed shape"))
 
@@ -149,22 +149,16 @@ def _ranks(world, body):
     return results
 
 
-def _runner(key, seen=False):
-    """A runner's state for ``key``: seen once (its next call captures) or never (it warms up)."""
-    return types.SimpleNamespace(entries={}, _seen={key: types.SimpleNamespace(calls=1, mutates=None)} if seen else {},
-                                 config=bcg.BCGConfig())
-
-
 def test_equal_plans_pass_and_other_inputs_raise_on_every_rank_naming_both():
     def body(rank, lockstep):
-        lockstep.begin_call()
+        lockstep.call_began()
         key = _key(f"cuda:{rank}", rank, rank)  # equal calls on two GPUs
-        lockstep.agree_key(_runner(key), key)
-        lockstep.agree_key(_runner(key), key)  # one plan per call
-        lockstep.end_call()
-        lockstep.begin_call()
+        lockstep.planned("warmup", key)
+        lockstep.planned("warmup", key)  # one plan per call
+        lockstep.call_ended()
+        lockstep.call_began()
         other = _key(shape=(1, 16 + 8 * rank, 64))
-        lockstep.agree_key(_runner(other), other)
+        lockstep.planned("warmup", other)
 
     results = _ranks(2, body)
     for rank, error in results.items():
@@ -174,9 +168,9 @@ def test_equal_plans_pass_and_other_inputs_raise_on_every_rank_naming_both():
 
 def test_a_key_missing_on_one_rank_is_a_disagreement_not_a_hang():
     def body(rank, lockstep):
-        lockstep.begin_call()
+        lockstep.call_began()
         key = _key()
-        lockstep.agree_key(_runner(key, seen=rank == 0), key)  # capture on rank 0, warm-up on rank 1
+        lockstep.planned("capture" if rank == 0 else "warmup", key)  # a key seen on rank 0 only
 
     for rank, error in _ranks(2, body).items():
         assert isinstance(error, RankDisagreementError) and "capture" in str(error) and "warmup" in str(error), error
@@ -197,13 +191,13 @@ class _Entry(GraphEntry):
 
 def test_a_capture_that_failed_on_one_rank_falls_back_on_every_rank():
     def body(rank, lockstep):
-        lockstep.begin_call()
-        entry = _Entry(_key(), _Graph(), [], None, memory_bytes=1000 + rank)
+        lockstep.call_began()
+        entry = _Entry(_Graph(), [], None, memory_bytes=1000 + rank)
         if rank == 1:
             entry.graph, entry.fallback = None, "RuntimeError: operation not permitted when stream is capturing"
-        lockstep.agree_capture(entry)
-        both = _Entry(_key(), _Graph(), [], None, memory_bytes=1000 + 10 * rank)
-        lockstep.agree_capture(both)
+        lockstep.captured(entry)
+        both = _Entry(_Graph(), [], None, memory_bytes=1000 + 10 * rank)
+        lockstep.captured(both)
         return entry, both
 
     results = _ranks(2, body)
@@ -219,23 +213,23 @@ def test_a_rank_that_raises_is_named_by_the_others_with_its_call():
 
     def body(rank, lockstep):
         for _ in range(3):
-            lockstep.begin_call()
-            lockstep.agree_eager("uncacheable input")
-            lockstep.end_call()
-        lockstep.begin_call()  # call 3
-        lockstep.agree_eager("uncacheable input")
+            lockstep.call_began()
+            lockstep.planned_eager("uncacheable input")
+            lockstep.call_ended()
+        lockstep.call_began()  # call 3
+        lockstep.planned_eager("uncacheable input")
         if rank == 1:
             error = ValueError("bad latents")
-            lockstep.failed(error)
+            lockstep.call_failed(error)
             told.set()
             return error
         assert told.wait(30)
         with pytest.raises(RankAbortedError) as aborted:  # where it waits in a collective
             parallel.raise_if_peer_aborted()
         with pytest.raises(RankAbortedError) as reported:
-            lockstep.failed(TimeoutError("all_to_all did not complete"))  # its collective failed: the peer is the cause
+            lockstep.call_failed(TimeoutError("all_to_all did not complete"))  # its collective failed: the peer is the cause
         own = bcg.AccelerationError("own refusal")
-        lockstep.failed(own)  # its own error stays its own
+        lockstep.call_failed(own)  # its own error stays its own
         return aborted.value, reported.value, own
 
     results = _ranks(2, body)
@@ -249,18 +243,19 @@ def test_a_rank_that_raises_is_named_by_the_others_with_its_call():
 
 def test_calling_numbers_the_calls_and_follows_a_new_ranks_object():
     lockstep = parallel.Lockstep(object(), None)
-    runner = types.SimpleNamespace(ranks=lockstep)
+    events = RunnerEvents()
+    events.subscribe(lockstep)
     for _ in range(2):
-        with parallel.calling(runner):
+        with events.calling():
             pass
     assert lockstep.calls == 2 and lockstep._current is None
-    runner.ranks = parallel.NO_RANKS
+    events.unsubscribe(lockstep)
     swapped = parallel.Lockstep(object(), None)
-    with parallel.calling(runner):
-        runner.ranks = swapped  # parallelism enabled during the call (follow)
+    with events.calling():
+        events.subscribe(swapped)  # parallelism enabled during the call (the structure watch follows it)
         assert swapped.where() == "in transformer call 0 (before its plan)"
     assert swapped._current is None and swapped.calls == 1
-    with pytest.raises(ValueError), parallel.calling(runner):
+    with pytest.raises(ValueError), events.calling():
         raise ValueError("no agreement: nothing to tell")
     lockstep.close()
     swapped.close()
@@ -275,10 +270,10 @@ def test_gather_break_is_reference_counted_and_undone_exactly():
     patched = EquipartitionSharder.__dict__["unshard"]
     assert cp_gather.is_patched() and patched is not original and isinstance(patched, classmethod)
     assert patched.__func__.__bcg_original__.__func__ is original.__func__
-    first()
-    first()  # idempotent
+    first.remove()
+    first.remove()  # idempotent
     assert EquipartitionSharder.__dict__["unshard"] is patched  # the second user still needs it
-    second()
+    second.remove()
     assert EquipartitionSharder.__dict__["unshard"] is original and not cp_gather.is_patched()
 
 
@@ -356,28 +351,30 @@ def test_accelerating_a_context_parallel_transformer_in_either_order(pretend_cud
         model._parallel_config = _cp_config()
         bcg.accelerate_transformer(model)  # enable_parallelism first
         runner = bcg.accelerate._runners(model)[0]
-        assert isinstance(runner.ranks, parallel.Lockstep) and runner.ranks.agreement is None  # one rank: nothing to agree
+        lockstep = runner.watch.lockstep
+        assert isinstance(lockstep, parallel.Lockstep) and lockstep.agreement is None  # one rank: nothing to agree
         assert cp_gather.is_patched()
         with torch.no_grad():
             assert torch.equal(model(**inputs)[0], eager)
-        assert runner.ranks.calls == 1
+        assert lockstep.calls == 1
         bcg.remove_acceleration(model)
         assert EquipartitionSharder.__dict__["unshard"] is original
         model._parallel_config = None
         bcg.accelerate_transformer(model)  # accelerate first, then enable_parallelism
         runner = bcg.accelerate._runners(model)[0]
-        assert runner.ranks is parallel.NO_RANKS
+        assert runner.watch.lockstep is None
         model._parallel_config = _cp_config()
         with torch.no_grad():
             assert torch.equal(model(**inputs)[0], eager)
-        assert isinstance(runner.ranks, parallel.Lockstep) and runner.ranks.calls == 1 and cp_gather.is_patched()
+        lockstep = runner.watch.lockstep
+        assert isinstance(lockstep, parallel.Lockstep) and lockstep.calls == 1 and cp_gather.is_patched()
         model._parallel_config = types.SimpleNamespace(tensor_parallel_config=object(), context_parallel_config=None)
         with pytest.raises(bcg.AccelerationError, match="tensor parallelism"):
             model(**inputs)
         model._parallel_config = None  # parallelism gone: the lockstep and the gather break go too
         with torch.no_grad():
             model(**inputs)
-        assert runner.ranks is parallel.NO_RANKS and not cp_gather.is_patched()
+        assert runner.watch.lockstep is None and not cp_gather.is_patched()
         bcg.remove_acceleration(model)
 
 

@@ -7,7 +7,8 @@ import torch
 
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
-from bcg_diffusion.integration import attention_breaks, fingerprint
+from bcg_diffusion.integration import fingerprint
+from bcg_diffusion.integration.breaks.shared import installed_patches
 from bcg_diffusion.integration.keys import GRAD_MODE_FIELDS, GraphKey, UncacheableInput, flatten_inputs, rebuild_inputs
 from bcg_diffusion.families import TransformerInfo
 from bcg_diffusion.integration.text_buckets import bucket_for, pad_text_to_bucket
@@ -166,7 +167,7 @@ def test_patching_and_exact_undo(pretend_cuda):
     bcg.accelerate_pipeline(pipe)
     assert bcg.is_accelerated(pipe) and "forward" in pipe.transformer.__dict__
     assert torch.nn.functional.scaled_dot_product_attention is not sdpa
-    assert ("torch.nn.functional", "scaled_dot_product_attention") in attention_breaks.installed_patches()
+    assert ("torch.nn.functional", "scaled_dot_product_attention") in installed_patches()
     with pytest.raises(bcg.AccelerationError, match="already accelerated"):
         bcg.accelerate_pipeline(pipe)
     out = pipe.transformer(x)[0]  # CPU inputs: runs eagerly through the runner
@@ -176,7 +177,7 @@ def test_patching_and_exact_undo(pretend_cuda):
     bcg.remove_acceleration(pipe)
     assert "forward" not in pipe.transformer.__dict__
     assert torch.nn.functional.scaled_dot_product_attention is sdpa
-    assert attention_breaks.installed_patches() == []
+    assert installed_patches() == []
     assert not bcg.is_accelerated(pipe)
     bcg.accelerate_pipeline(pipe)  # can be applied again after removal
     bcg.remove_acceleration(pipe)

@@ -11,7 +11,7 @@ import torch
 
 import bcg_diffusion as bcg
 import bcg_pipelines as pipelines
-from bcg_diffusion.integration import attention_breaks
+from bcg_diffusion.integration.breaks.shared import installed_patches
 
 from _pipes import build, run, transformer_calls
 from _replay import assert_recaptured, assert_replayed, counters
@@ -42,7 +42,7 @@ def test_family_bitwise_equal_to_eager_with_replays(family, policy):
     bcg.remove_acceleration(pipe)
     assert "forward" not in pipe.transformer.__dict__
     assert torch.equal(run(pipe, family, steps=STEPS), eager)
-    assert attention_breaks.installed_patches() == []
+    assert installed_patches() == []
 
 
 def _pixart_sizes():

@@ -6,7 +6,8 @@ import torch
 from bcg_diffusion.core.handles import live_handles
 
 import bcg_diffusion as bcg
-from bcg_diffusion.integration import attention_breaks, attention_op
+from bcg_diffusion.integration import attention_op
+from bcg_diffusion.integration.breaks import attention as attention_breaks
 
 from _pipes import flux_inputs, tiny_flux_transformer
 

@@ -16,7 +16,8 @@ from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook, appl
 
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
-from bcg_diffusion.integration import attention_breaks, keys, model_hooks
+from bcg_diffusion.integration import keys, model_hooks
+from bcg_diffusion.integration.breaks.shared import installed_patches
 from bcg_diffusion.integration.runner import GraphRunner
 
 import bcg_pipelines as pipelines
@@ -69,7 +70,7 @@ def test_removal_restores_the_plain_module(pretend_cuda):
     assert _order(model) == ["bcg_graphs"] and "forward" in model.__dict__
     bcg.remove_acceleration(model)
     assert "forward" not in model.__dict__ and "_diffusers_hook" not in model.__dict__
-    assert attention_breaks.installed_patches() == []
+    assert installed_patches() == []
 
 
 @pytest.fixture
@@ -89,10 +90,10 @@ def _call(pipe, **kw):
 def test_deepcopy_of_an_accelerated_pipeline_raises_and_the_original_keeps_working(pretend_cuda, flux_pipe):
     eager = _call(flux_pipe)
     bcg.accelerate_pipeline(flux_pipe)
-    patches = attention_breaks.installed_patches()
+    patches = installed_patches()
     with pytest.raises(bcg.AccelerationError, match="remove_acceleration"):
         copy.deepcopy(flux_pipe)
-    assert bcg.is_accelerated(flux_pipe) and attention_breaks.installed_patches() == patches
+    assert bcg.is_accelerated(flux_pipe) and installed_patches() == patches
     assert torch.equal(_call(flux_pipe), eager)
     bcg.remove_acceleration(flux_pipe)
     copied = copy.deepcopy(flux_pipe)  # fine once removed
@@ -179,7 +180,7 @@ def test_step_cache_blocks_get_interceptors_and_lose_them_with_the_cache(pretend
     _call(flux_pipe)
     assert all(_order(b)[0] == "bcg_body" for b in blocks)
     runner = acc._runners(flux_pipe)[0]
-    assert runner.structure_changes == 2
+    assert runner.counts.structure_changes == 2
     bcg.remove_acceleration(flux_pipe)
     for block in blocks:
         assert "_call_impl" not in block.__dict__ and "bcg_body" not in block._diffusers_hook.hooks
@@ -207,12 +208,12 @@ def test_processor_and_backend_changes_are_structure_changes(pretend_cuda):
         model(**_inputs())
         model.set_attn_processor(FluxAttnProcessor())
         model(**_inputs())
-        assert runner.structure_changes == 1
+        assert runner.counts.structure_changes == 1
         model.set_attention_backend("_native_math")
         model(**_inputs())
-        assert runner.structure_changes == 2
+        assert runner.counts.structure_changes == 2
         model(**_inputs())
-    assert runner.structure_changes == 2
+    assert runner.counts.structure_changes == 2
     bcg.remove_acceleration(model)
     _AttentionBackendRegistry.set_active_backend(previous_global)  # set_attention_backend set it globally
 

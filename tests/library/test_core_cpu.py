@@ -280,3 +280,26 @@ def test_hooked_call_in_debug_mode_runs_hooks_once_per_call_and_not_at_capture()
         else:
             assert torch.equal(out, kept * 2 - 1)
     assert state["n"] == 4
+
+
+def test_patch_attribute_puts_back_exactly_what_the_owner_held():
+    from bcg_diffusion.core.handles import live_handles, patch_attribute
+
+    class Owner:
+        def method(self):
+            return "class"
+
+    module = torch.nn.Linear(2, 2)
+    own = Owner()
+    handles = [patch_attribute(module, "forward", lambda x: x), patch_attribute(own, "method", lambda: "instance"),
+               patch_attribute(Owner, "method", lambda self: "patched class")]
+    assert "forward" in vars(module) and own.method() == "instance" and Owner().method() == "patched class"
+    assert not any(h in live_handles() for h in handles)  # their owner removes them, no leftover sweep
+    again = patch_attribute(own, "method", lambda: "again")  # a patch over a patch puts back the first one
+    again.remove()
+    assert own.method() == "instance"
+    for handle in reversed(handles):
+        handle.remove()
+        handle.remove()  # idempotent
+    assert "forward" not in vars(module) and "method" not in vars(own) and own.method() == "class"
+    assert Owner.__dict__["method"](own) == "class"

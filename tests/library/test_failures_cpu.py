@@ -9,9 +9,9 @@ import _host_helpers as helpers
 
 from bcg_diffusion.config import BCGConfig
 from bcg_diffusion.integration import entries, failures
-from bcg_diffusion.integration.eager_modules import EagerModules
+from bcg_diffusion.integration.breaks.eager_modules import EagerModules
 from bcg_diffusion.integration.keys import HostTensor, ObjectState, UncacheableInput, flatten_inputs, rebuild_inputs
-from bcg_diffusion.integration.module_mode import ChildGraphs, replay_units
+from bcg_diffusion.integration.module_mode import UnitGraphs, replay_units
 
 host_value = helpers.host_value
 
@@ -277,20 +277,20 @@ def test_eager_methods_are_undone_exactly():
     assert parts.names == []
 
 
-def test_module_mode_runs_children_through_their_slots_and_restores_them():
+def test_module_mode_runs_units_through_their_slots_and_restores_them():
     torch.manual_seed(0)
     model = Model()
     x = torch.randn(2, 4)
     expected = model(x)
     captured = []
 
-    def capture(path, module, chain, key, static, s_args, s_kwargs, layouts):
-        captured.append(path)
-        return entries.GraphEntry(key, None, static, None, fallback="no CUDA here")
+    def capture(module, call, key, layouts, pool):
+        captured.append(dict(key.state)["module_mode_unit"])
+        return entries.GraphEntry(None, call.tensors, None, fallback="no CUDA here")
 
     units = replay_units(model, spine=set(), skip={"rope"})
     assert [p for p, _ in units] == ["blocks.0", "blocks.1"]  # leaf modules ("out", a Linear) run eagerly
-    graphs = ChildGraphs(units, capture=capture, warmup_iters=1, device_type="cpu")
+    graphs = UnitGraphs(units, capture, BCGConfig(warmup_iters=1), reason="test", device_type="cpu")
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # first calls: eager, layouts recorded
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # then each slot is captured once
     assert captured == ["blocks.0", "blocks.1"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import bcg_diffusion as bcg
-from bcg_diffusion.integration import attention_breaks
+from bcg_diffusion.integration.breaks.shared import installed_patches
 from bcg_diffusion.step_caches import count_cache_passes
 
 from _pipes import build, run, transformer_calls, with_cache
@@ -51,7 +51,7 @@ def test_cache_under_bcg_is_bitwise_equal_to_the_same_cache_eagerly(family, cach
     assert 0 < eager_passes.computed < eager_passes.calls, f"decisions not mixed: {eager_passes}"
     assert (passes.calls, passes.computed) == (eager_passes.calls, eager_passes.computed), (passes, eager_passes)
     bcg.remove_acceleration(accelerated)
-    assert attention_breaks.installed_patches() == []
+    assert installed_patches() == []
 
 
 def test_enable_switch_and_disable_caches_on_an_accelerated_pipeline():

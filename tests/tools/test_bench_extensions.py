@@ -34,10 +34,10 @@ FAST = ["--iters", "2", "--rounds", "2", "--warmup", "1"]
 @pytest.fixture(autouse=True)
 def _no_leftover_patches():
     """Every test ends with no attention wrapper installed (a leak would change every later eager call)."""
-    from bcg_diffusion.integration import attention_breaks
+    from bcg_diffusion.integration.breaks.shared import installed_patches
 
     yield
-    assert attention_breaks.installed_patches() == []
+    assert installed_patches() == []
 
 
 def _tiny_ctx(family="flux", cuda=False):
@@ -176,7 +176,7 @@ def _recording_compile(monkeypatch, graphs):
 
 
 def test_partition_ceiling_traces_attention_as_the_bcg_op_while_active(monkeypatch):
-    from bcg_diffusion.integration import attention_breaks
+    from bcg_diffusion.integration.breaks.shared import installed_patches
 
     graphs = []
     _recording_compile(monkeypatch, graphs)
@@ -186,12 +186,12 @@ def test_partition_ceiling_traces_attention_as_the_bcg_op_while_active(monkeypat
         eager = modes.first_tensor(ctx.call(ctx.transformer))
         runner = modes.setup_partition_ceiling(ctx)
         try:
-            assert runner.accelerated and attention_breaks.installed_patches()  # wrappers installed while active
+            assert runner.accelerated and installed_patches()  # wrappers installed while active
             out = runner.fn()
             assert graphs and any("bcg.sdpa" in t or "bcg.dispatch_attention" in t for g in graphs for t in g), graphs
             assert torch.equal(out, eager)
             runner.deactivate()
-            assert attention_breaks.installed_patches() == []
+            assert installed_patches() == []
             runner.activate(False)
             n = len(graphs)
             assert torch.equal(runner.fn(), eager) and len(graphs) == n  # reinstalled wrappers: no recompile

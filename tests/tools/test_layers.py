@@ -7,6 +7,8 @@
   ``__all__`` of a public module (:data:`PUBLIC_MODULES`), imported or read as an attribute
   (``bcg_diffusion.X``); ``pipelines/`` imports no tool;
 - nothing imports ``pipelines`` (the folder installs as ``bcg_pipelines``), nothing writes ``sys.path``;
+- nothing but the tests names a test-only switch (:data:`TEST_SWITCH`): the tests install what they need
+  (the sabotage is a watcher of the runner events that ``tests/conftest.py`` installs);
 - every package folder is listed in pyproject.toml, every console command and ``scripts/*.py`` launcher calls
   the ``main`` of a tool module.
 
@@ -33,6 +35,8 @@ PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
 API_MODULES = ("bcg_diffusion", "bcg_diffusion.accelerate", "bcg_diffusion.compile_cache", "bcg_diffusion.step_caches",
                "bcg_diffusion.warmup")
 CORE_MAY_IMPORT = ("torch", "cuda")
+#: The prefix of the test suite's switches (``..._SABOTAGE``), spelt so that this file does not match itself.
+TEST_SWITCH = "BCG_DIFFUSION_" + "TEST_"
 #: ``sys.path`` writes, spelt so that this file does not match itself.
 SYS_PATH_WRITE = re.compile("sys" + r"\.path\s*(\.(insert|append|extend)\s*\(|\+?=[^=])|site\.addsitedir\(")
 
@@ -198,6 +202,8 @@ def check_source(source: Source, text: str, public: dict[str, set[str]], modules
     for number, line in enumerate(text.splitlines(), 1):
         if SYS_PATH_WRITE.search(line):
             say(number, "writes sys.path")
+        if TEST_SWITCH in line:
+            say(number, f"reads a test-only switch ({TEST_SWITCH}...): the tests install what they need")
     return out
 
 
@@ -325,6 +331,8 @@ def test_a_clean_small_tree_has_no_violations(tmp_path):
      "integration imports bcg_diffusion.accelerate.accelerate_pipeline"),
     ("bcg_diffusion/integration/runner.py", "from .. import warmup\n", "integration imports bcg_diffusion.warmup"),
     ("bcg_diffusion/integration/runner.py", "import bcg_diffusion\n", "integration imports bcg_diffusion,"),
+    ("bcg_diffusion/integration/entries.py", "import os\nSABOTAGE = os.environ.get('BCG_DIFFUSION_" "TEST_SABOTAGE')\n",
+     "reads a test-only switch"),
     ("bcg_diffusion/accelerate.py", "from .cli import generate\n", "the library imports bcg_diffusion.cli.generate"),
     ("bcg_diffusion/cli/generate.py", "import pipelines\n\ndef main():\n    pass\n", "installs as bcg_pipelines"),
     ("bcg_diffusion/cli/generate.py", "import sys\nsys" ".path.insert(0, '.')\n\ndef main():\n    pass\n",

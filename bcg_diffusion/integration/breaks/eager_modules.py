@@ -6,9 +6,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.capture import eager_on_graph
-
-_MISSING = object()
+from ...core.capture import eager_on_graph
+from ...core.handles import RemovableHandle, patch_attribute
 
 
 class EagerModules:
@@ -22,12 +21,12 @@ class EagerModules:
     """
 
     def __init__(self) -> None:
-        self._saved: dict[str, tuple[torch.nn.Module, Any]] = {}
-        self._methods: dict[str, tuple[str, torch.nn.Module, str, Any]] = {}  # label -> path, module, name, previous
+        self._modules: dict[str, tuple[torch.nn.Module, RemovableHandle]] = {}  # path -> module, its patch
+        self._methods: dict[str, tuple[str, torch.nn.Module, str, RemovableHandle]] = {}  # label -> path, module, name, patch
 
     @property
     def names(self) -> list[str]:
-        return list(self._saved) + list(self._methods)
+        return list(self._modules) + list(self._methods)
 
     def add_method(self, root: torch.nn.Module, path: str, name: str) -> str:
         """Make method ``name`` of the submodule at ``path`` ("" for the root) an eager break."""
@@ -38,10 +37,8 @@ class EagerModules:
         bound = getattr(module, name, None)
         if not callable(bound):
             raise ValueError(f"{type(module).__name__} at {path or 'the root'!r} has no method {name!r}")
-        previous = module.__dict__.get(name, _MISSING)
         wrapped = torch._dynamo.disable(eager_on_graph(_named(bound, f"{type(module).__name__}.{name}")))
-        object.__setattr__(module, name, wrapped)
-        self._methods[label] = (path, module, name, previous)
+        self._methods[label] = (path, module, name, patch_attribute(module, name, wrapped))
         return label
 
     def method_paths(self, cls: type, name: str) -> list[str]:
@@ -50,16 +47,15 @@ class EagerModules:
 
     def module_paths(self, cls: type) -> list[str]:
         """Paths of the modules of class ``cls`` (exactly) that already run as eager breaks."""
-        return [path for path, (module, _) in self._saved.items() if type(module) is cls]
+        return [path for path, (module, _) in self._modules.items() if type(module) is cls]
 
     def add(self, root: torch.nn.Module, name: str) -> None:
         """Make the submodule of ``root`` at ``name`` ("" for ``root``) an eager break."""
-        if name in self._saved:
+        if name in self._modules:
             return
         module = root.get_submodule(name) if name else root
-        previous = module.__dict__.get("forward", _MISSING)
-        self._saved[name] = (module, previous)
-        module.forward = eager_on_graph(_named(module.forward, f"{type(module).__name__}.forward"))
+        wrapped = eager_on_graph(_named(module.forward, f"{type(module).__name__}.forward"))
+        self._modules[name] = (module, patch_attribute(module, "forward", wrapped))
 
     @staticmethod
     def resolve(root: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
@@ -85,17 +81,12 @@ class EagerModules:
         return found
 
     def restore(self) -> None:
-        for module, previous in self._saved.values():
-            if previous is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = previous
-        self._saved.clear()
-        for _, module, name, previous in self._methods.values():
-            if previous is _MISSING:
-                module.__dict__.pop(name, None)
-            else:
-                object.__setattr__(module, name, previous)
+        """Put every module's forward and every method back as it was."""
+        for _, patch in self._modules.values():
+            patch.remove()
+        self._modules.clear()
+        for _, _, _, patch in self._methods.values():
+            patch.remove()
         self._methods.clear()
 
 

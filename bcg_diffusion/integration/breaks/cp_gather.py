@@ -11,19 +11,17 @@ and its result is copied into that buffer.
 
 The patch is process-wide and reference-counted (one use per accelerated context-parallel
 transformer); outside a capture the patched method is a plain call of the original, so
-unaccelerated models are unaffected. :func:`acquire` returns the undo.
+unaccelerated models are unaffected. :func:`acquire` returns its handle.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
-from ..core.capture import eager_on_graph
+from ...core.capture import eager_on_graph
+from ...core.handles import RemovableHandle, SharedPatch, patch_attribute
 
-_lock = threading.Lock()
-_users = 0
-_saved: Any = None  # EquipartitionSharder.__dict__["unshard"] before the patch (a classmethod)
+_patch: RemovableHandle | None = None  # EquipartitionSharder.unshard replaced, while the shared patch is applied
 
 
 def _sharder() -> type:
@@ -51,32 +49,28 @@ def _make_break(original: Callable) -> classmethod:
     return classmethod(unshard)
 
 
-def acquire() -> Callable[[], None]:
-    """Make the gather an eager break (reference-counted); returns the undo (idempotent)."""
-    global _users, _saved
+def _apply() -> None:
+    global _patch
     sharder = _sharder()
-    with _lock:
-        if _users == 0:
-            _saved = sharder.__dict__["unshard"]
-            sharder.unshard = _make_break(_saved.__get__(None, sharder))
-        _users += 1
-    released = False
+    original = sharder.__dict__["unshard"].__get__(None, sharder)  # the classmethod, bound to the class
+    _patch = patch_attribute(sharder, "unshard", _make_break(original))
 
-    def release() -> None:
-        global _users, _saved
-        nonlocal released
-        with _lock:
-            if released:
-                return
-            released = True
-            _users -= 1
-            if _users == 0:
-                sharder.unshard = _saved
-                _saved = None
 
-    return release
+def _revert() -> None:
+    global _patch
+    patch, _patch = _patch, None
+    if patch is not None:
+        patch.remove()
+
+
+_gather_patch = SharedPatch("EquipartitionSharder.unshard", _apply, _revert)
+
+
+def acquire() -> RemovableHandle:
+    """Make the gather an eager break while the handle lives (shared: the last handle removed undoes it)."""
+    return _gather_patch.acquire()
 
 
 def is_patched() -> bool:
     """Whether the gather is an eager break now (for tests and introspection)."""
-    return _users > 0
+    return _gather_patch.active

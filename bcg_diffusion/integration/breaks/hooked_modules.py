@@ -20,12 +20,12 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.hooked_calls import CapturedBody, hooked_call
-from .model_hooks import ForwardHook, insert_innermost, invalidate_registry_caches, registry_of, remove_exactly
-from .model_state import HookedModule, HookRule
+from ...core.handles import RemovableHandle, patch_attribute
+from ...core.hooked_calls import CapturedBody, hooked_call
+from ..model_hooks import ForwardHook, call_attribute, insert_innermost, invalidate_registry_caches, registry_of, remove_exactly
+from ..model_state import HookedModule, HookRule
 
 BODY_HOOK = "bcg_body"
-_MISSING = object()
 
 
 @dataclass
@@ -33,8 +33,7 @@ class _Installed:
     module: torch.nn.Module
     spec: HookedModule
     body: CapturedBody
-    attr: str
-    previous: Any
+    interceptor: RemovableHandle
     has_body_hook: bool
 
 
@@ -74,21 +73,15 @@ class HookedModules:
             body = hook.function
         else:
             body = CapturedBody(_forward_below_hooks(module), name)  # captured for its outputs' layout only
-        attr = "_compiled_call_impl" if module.__dict__.get("_compiled_call_impl") is not None else "_call_impl"
-        previous = module.__dict__.get(attr, _MISSING)
-        chain = getattr(module, attr)
-        module.__dict__[attr] = _interceptor(chain, body, rule)
-        self._installed[spec.path] = _Installed(module, spec, body, attr, previous, rule.replay_body)
+        attr = call_attribute(module)
+        interceptor = patch_attribute(module, attr, _interceptor(getattr(module, attr), body, rule))
+        self._installed[spec.path] = _Installed(module, spec, body, interceptor, rule.replay_body)
 
     def _uninstall(self, path: str) -> None:
         installed = self._installed.pop(path)
-        module = installed.module
-        if installed.previous is _MISSING:
-            module.__dict__.pop(installed.attr, None)
-        else:
-            module.__dict__[installed.attr] = installed.previous
+        installed.interceptor.remove()
         if installed.has_body_hook:
-            remove_exactly(module, BODY_HOOK)
+            remove_exactly(installed.module, BODY_HOOK)
 
 
 def _interceptor(chain: Callable, body: CapturedBody, rule: HookRule) -> Callable:
