@@ -136,6 +136,7 @@ class AdapterBank:
         self._enabled = True
         self.base_requests = 0
         self.switches = 0
+        self._captures_at_ready: int | None = None
 
     # -- start-up ---------------------------------------------------------------------------------
     @property
@@ -267,9 +268,10 @@ class AdapterBank:
             return model
         raise KeyError(model)
 
-    def select(self, name: str | None, scale: float = 1.0) -> None:
-        """Make the next pipeline calls serve adapter ``name`` at ``scale`` (``None``: the base model). Call it on
-        the worker thread, between pipeline calls."""
+    def select(self, name: str | None, scale: float | None = None) -> None:
+        """Make the next pipeline calls serve adapter ``name`` at ``scale`` (default 1.0; ``name=None``: the base
+        model). Call it on the worker thread, between pipeline calls."""
+        scale = 1.0 if scale is None else float(scale)
         if name is None:
             self.base_requests += 1
             if self._enabled:
@@ -308,15 +310,28 @@ class AdapterBank:
         return image
 
     # -- reporting ---------------------------------------------------------------------------------
-    def model_cards(self, created: int) -> list[dict[str, Any]]:
-        """The ``/v1/models`` entries of the adapters (after the base model's), as vLLM lists LoRA adapters."""
-        return [{"id": a.spec.name, "object": "model", "created": created, "owned_by": "bcg-diffusion",
-                 "root": os.fspath(a.spec.path), "parent": self.base_model} for a in self._adapters.values()]
+    def mark_ready(self, bcg_stats: dict[str, Any] | None) -> None:
+        """The warm-up is over: counts start from zero, and captures from here on are counted as after it."""
+        self.base_requests = self.switches = 0
+        for adapter in self._adapters.values():
+            adapter.requests = adapter.swaps = 0
+        self._captures_at_ready = _captures(bcg_stats)
 
-    def stats(self) -> dict[str, Any]:
-        """Per-adapter requests and swaps (copies from the CPU to the device), switches of the slot, base requests."""
-        return {"target_rank": self.target_rank, "gpu_slots": self.gpu_slots, "base_requests": self.base_requests,
-                "switches": self.switches, "swaps": sum(a.swaps for a in self._adapters.values()),
-                "on_device": list(self._on_device),
+    def stats(self, bcg_stats: dict[str, Any] | None = None) -> dict[str, Any]:
+        """For ``/stats``: per adapter its requests and swaps (copies from the CPU to the device), switches of the
+        slot, base-model requests, and BCG's graph captures at the end of the warm-up and since (``None``
+        without BCG): after a warm-up of every size served, ``captures_after_warmup`` stays 0 however requests
+        switch adapters."""
+        captures = _captures(bcg_stats)
+        ready = self._captures_at_ready
+        return {"base_model": self.base_model, "target_rank": self.target_rank, "gpu_slots": self.gpu_slots,
+                "base_requests": self.base_requests, "switches": self.switches,
+                "swaps": sum(a.swaps for a in self._adapters.values()), "on_device": list(self._on_device),
+                "captures_at_warmup": ready,
+                "captures_after_warmup": None if captures is None or ready is None else captures - ready,
                 "adapters": {n: {"path": os.fspath(a.spec.path), "rank": a.rank, "requests": a.requests,
                                  "swaps": a.swaps} for n, a in self._adapters.items()}}
+
+
+def _captures(bcg_stats: dict[str, Any] | None) -> int | None:
+    return None if bcg_stats is None else int(bcg_stats.get("captures", 0))

@@ -206,6 +206,7 @@ def create_app(state: ServerState) -> FastAPI:
         return {"server": {**state.info, "uptime_s": round(time.time() - state.started, 3)},
                 "counters": counters,
                 "bcg": state.generator.bcg_stats,
+                "adapters": state.generator.adapter_stats,
                 "gpu_memory": gpu_memory(state.generator.device)}
 
     return app

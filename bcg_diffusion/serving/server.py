@@ -48,6 +48,7 @@ from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once se
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
+    from .adapter_options import add_lora_options, attach_adapters, lora_specs, warm_adapters
     from .app import ServerState, create_app
     from .granularity import pixel_granularity
     from .requests import RequestError, RequestLimits, RequestPlanner, parse_size
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-resolution-binning", action="store_true",
                    help="pass use_resolution_binning=False wherever the pipeline takes it (PixArt, Sana): the "
                    "transformer then runs the size asked for, not the nearest aspect-ratio bin")
+    if MISSING_SERVE_EXTRA is None:
+        add_lora_options(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}; anything else is reachable from other "
@@ -171,7 +174,8 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
         except ValueError as exc:
             parser.error(str(exc))
         injections[prompt] = kind
-    return {"warmup": warmup, "default_size": default_size, "injections": injections, "api_key": api_key(args, parser)}
+    return {"warmup": warmup, "default_size": default_size, "injections": injections, "api_key": api_key(args, parser),
+            "adapters": lora_specs(args, parser)}
 
 
 def is_loopback(host: str) -> bool:
@@ -319,7 +323,7 @@ def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup
         "max_queue": args.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps,
         "resolution_binning": (not args.no_resolution_binning) if planner.takes_binning else None,
-        "warmup": warmup, "api_key_required": api_key_required, "torch": torch.__version__,
+        "adapters": list(planner.adapter_ids), "warmup": warmup, "api_key_required": api_key_required, "torch": torch.__version__,
         "bcg_diffusion": bcg_diffusion.__version__,
     }
 
@@ -357,8 +361,15 @@ def start(args, parser) -> int:
               f"{pipelines.dtype_name(dtype)} ...", flush=True)
         t0 = time.perf_counter()
         pipe, spec = build(args, spec, device, dtype)
+        base_model = getattr(args, "served_model_name", None) or args.model
+        adapters = attach_adapters(pipe, options["adapters"], args, base_model, prog())  # before compile and BCG
         notes = speed_up(pipe, args, device)
         planner = make_planner(pipe, spec, args, options["default_size"])
+        planner.model_id = base_model
+        if adapters is not None:
+            planner.adapter_ids = tuple(adapters.names)
+            notes.append(f"LoRA adapters: {', '.join(adapters.names)} (hot-swap rank {adapters.target_rank}, "
+                         f"{adapters.gpu_slots} kept on the device)")
         print(f"built in {time.perf_counter() - t0:.1f} s; sizes in multiples of {planner.limits.granularity} px, "
               f"default {planner.default_width}x{planner.default_height} (WxH), {planner.default_steps} steps", flush=True)
         for note in notes:
@@ -370,6 +381,7 @@ def start(args, parser) -> int:
         worker = PipelineWorker()
         generator = ImageGenerator(pipe, device, counters, options["injections"])
         warmup = warm_up(worker, generator, planner, options["warmup"])
+        warm_adapters(adapters, worker, generator, lambda: warm_up(worker, generator, planner, options["warmup"]))
         info = server_info(args, spec, pipe, device, dtype, planner, warmup, options["api_key"] is not None)
         app = create_app(ServerState(planner, worker, generator, counters, info, args.max_queue,
                                      api_key=options["api_key"]))

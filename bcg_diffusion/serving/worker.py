@@ -180,10 +180,14 @@ class ImageGenerator:
         self.counters = counters
         self.injections = dict(injections or {})
         self._params = pipelines.call_parameters(pipe)
+        self.adapters = None  # an adapters.AdapterBank when the server serves LoRA adapters (attach_adapters)
         self.bcg_stats: dict[str, Any] | None = stats_dict(pipe)
+        self.adapter_stats: dict[str, Any] | None = None
 
     def refresh_stats(self) -> None:
         self.bcg_stats = stats_dict(self.pipe)
+        if self.adapters is not None:
+            self.adapter_stats = self.adapters.stats(self.bcg_stats)
 
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator(self.generator_device).manual_seed(seed)
@@ -192,6 +196,8 @@ class ImageGenerator:
         self.counters.add("pipeline_calls")
         start = time.perf_counter()
         try:
+            if self.adapters is not None:
+                self.adapters.select(job.adapter, job.adapter_scale)
             with request_grad_mode():
                 output = self.pipe(**job.call, **self._injection_kwargs(job.prompt), generator=self.generator(job.seed))
             return GenerationResult(to_pil_images(pipelines.generated(output)), time.perf_counter() - start)
