@@ -1,10 +1,16 @@
-"""The FastAPI application: ``POST /v1/images/generations``, ``GET /stats``, ``GET /health``.
+"""The FastAPI application: ``POST /v1/images/generations``, ``GET /v1/models`` (and ``/v1/models/{id}``),
+``GET /stats``, ``GET /health``.
 
-Errors are answered in the OpenAI format ``{"error": {"message", "type", "param", "code"}}``:
-400 ``invalid_request_error`` for a bad request (checked before any pipeline work), 413 for a body above
-the limit, 401 (code ``invalid_api_key``) without the server's API key, 503 ``server_busy`` when the
-queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500 ``server_error`` when it
-failed otherwise. After a 5xx the worker goes on with the next request.
+The OpenAI conventions its clients rely on: every ``GET`` route answers ``HEAD`` too; a trailing slash is
+the same route (``/health/`` is ``/health``; never a redirect); every error, the HTTP layer's too (404
+unknown route, 405 wrong method, 422), is answered in the OpenAI format
+``{"error": {"message", "type", "param", "code"}}``: 400 ``invalid_request_error`` for a bad request
+(checked before any pipeline work), 404 code ``model_not_found`` for a ``model`` the server does not serve,
+413 for a body above the limit, 401 (code ``invalid_api_key``) without the server's API key, 503
+``server_busy`` when the queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500
+``server_error`` when it failed otherwise. After a 5xx the worker goes on with the next request. (A request
+the HTTP parser itself refuses, such as a ``Content-Length`` that is not a number, is answered in the same
+format by :mod:`.listen`.)
 
 With an API key (``ServerState.api_key``) every route but ``/health`` needs ``Authorization: Bearer <key>``,
 compared in constant time (``hmac.compare_digest``).
@@ -23,22 +29,28 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import bcg_diffusion
 
 from .png import encode_png_b64
-from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large
+from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large, model_not_found
 from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_memory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GENERATIONS_PATH", "OPEN_PATHS", "ServerState", "authorized", "create_app", "gpu_memory", "read_body"]
+__all__ = ["GENERATIONS_PATH", "MODELS_PATH", "OPEN_PATHS", "OWNED_BY", "ServerState", "StripTrailingSlash",
+           "authorized", "create_app", "gpu_memory", "model_object", "read_body"]
 
 GENERATIONS_PATH = "/v1/images/generations"
+MODELS_PATH = "/v1/models"
 #: Routes that answer without the API key (a load balancer's health check has none).
 OPEN_PATHS = ("/health",)
+#: ``owned_by`` of every model object in ``/v1/models``.
+OWNED_BY = "bcg-diffusion"
+GET_METHODS = ["GET", "HEAD"]
 
 
 @dataclass
@@ -55,6 +67,33 @@ class ServerState:
     max_queue: int
     started: float = field(default_factory=time.time)
     api_key: str | None = None
+
+    def model_ids(self) -> list[str]:
+        """The ids ``GET /v1/models`` lists (the base model first, then the adapters): the planner's, which
+        resolves a request's ``model`` field against the same list."""
+        return self.planner.model_ids()
+
+
+def model_object(model_id: str, created: int) -> dict[str, Any]:
+    """One entry of ``/v1/models``, as the OpenAI API writes it."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": OWNED_BY}
+
+
+class StripTrailingSlash:
+    """ASGI middleware: ``/path/`` is served as ``/path`` (the root stays ``/``), so a client that adds a slash
+    reaches the route instead of getting a 307 redirect (which many clients do not follow for a POST)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            if len(path) > 1 and path.endswith("/"):
+                stripped = path.rstrip("/") or "/"
+                scope = {**scope, "path": stripped,
+                         "raw_path": stripped.encode("latin-1", "replace")}
+        await self.app(scope, receive, send)
 
 
 def gpu_memory(device: torch.device) -> dict[str, int] | None:
@@ -125,7 +164,8 @@ def _pipeline_error(exc: BaseException, job: GenerationJob) -> RequestError:
 def create_app(state: ServerState) -> FastAPI:
     """The application around one pipeline; its pipeline work goes through ``state.worker``."""
     app = FastAPI(title="bcg-diffusion image server", version=bcg_diffusion.__version__,
-                  summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)")
+                  summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)",
+                  redirect_slashes=False)
 
     if state.api_key is not None:
         @app.middleware("http")
@@ -140,8 +180,41 @@ def create_app(state: ServerState) -> FastAPI:
             return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
-        return error_response(RequestError(str(exc.detail), status=exc.status_code), getattr(exc, "headers", None))
+    async def http_error(request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = (f"unknown path: {request.method} {request.url.path}; the routes are POST {GENERATIONS_PATH}, "
+                       f"GET {MODELS_PATH}, GET /stats and GET /health")
+        elif exc.status_code == 405:
+            allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+            message = f"method {request.method} is not allowed on {request.url.path}" + (
+                f"; allowed: {allowed}" if allowed else "")
+        return error_response(RequestError(message, status=exc.status_code), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError):  # 422, should a route declare a body
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in exc.errors()]
+        return error_response(RequestError("the request is not valid: " + "; ".join(parts), status=422))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_request: Request, exc: Exception):  # a bug: still the OpenAI format
+        logger.error("unexpected error: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        return error_response(RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500,
+                                           type="server_error"))
+
+    @app.api_route(MODELS_PATH, methods=GET_METHODS)
+    async def models():
+        """The base model and every adapter, in the OpenAI list format (``client.models.list()``)."""
+        created = int(state.started)
+        return {"object": "list", "data": [model_object(m, created) for m in state.model_ids()]}
+
+    @app.api_route(MODELS_PATH + "/{model_id:path}", methods=GET_METHODS)
+    async def model(model_id: str):
+        """One model object (``client.models.retrieve(id)``); 404 ``model_not_found`` for an id not served."""
+        ids = state.model_ids()
+        if model_id not in ids:
+            return error_response(model_not_found(model_id, ids))
+        return model_object(model_id, int(state.started))
 
     @app.post(GENERATIONS_PATH)
     async def generations(request: Request):
@@ -190,14 +263,14 @@ def create_app(state: ServerState) -> FastAPI:
                             headers={"x-queue-seconds": f"{queue_s:.6f}",
                                      "x-pipeline-seconds": f"{result.pipeline_s:.6f}"})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=GET_METHODS)
     async def health():
         """``ok`` while the worker thread lives (also while a call runs), else a 503."""
         body = {"status": "ok" if state.worker.alive else "worker stopped",
                 "busy": bool(state.worker.running), "queue_depth": state.worker.depth}
         return JSONResponse(body, status_code=200 if state.worker.alive else 503)
 
-    @app.get("/stats")
+    @app.api_route("/stats", methods=GET_METHODS)
     async def stats():
         """The server's description and counters, the BCG stats as of the last finished call, GPU memory."""
         counters = state.counters.snapshot()
@@ -209,4 +282,5 @@ def create_app(state: ServerState) -> FastAPI:
                 "adapters": state.generator.adapter_stats,
                 "gpu_memory": gpu_memory(state.generator.device)}
 
+    app.add_middleware(StripTrailingSlash)  # added last: the outermost, so the API key check sees the plain path
     return app

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"largest n (default: {DEFAULT_MAX_N})")
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"requests waiting or running at once; more get a 503 (default: {DEFAULT_MAX_QUEUE})")
+    g.add_argument("--served-model-name", default=None, metavar="ID",
+                   help="the base model's id in GET /v1/models and in a request's model field (default: --model as "
+                   "given); a request without model, or with this id, gets the base model; any other unknown id a 404")
     g.add_argument("--no-resolution-binning", action="store_true",
                    help="pass use_resolution_binning=False wherever the pipeline takes it (PixArt, Sana): the "
                    "transformer then runs the size asked for, not the nearest aspect-ratio bin")
@@ -161,6 +164,8 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
     if args.steps is not None and args.steps > args.max_steps:
         parser.error(f"--steps {args.steps} is above --max-steps {args.max_steps}: a request without "
                      "num_inference_steps would be refused; lower --steps or raise --max-steps")
+    if args.served_model_name is not None and not 0 < len(args.served_model_name) <= 256:
+        parser.error("--served-model-name must have 1 .. 256 characters")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
     warmup = ([parse_size_option(s.strip(), "--warmup", parser) for s in args.warmup.split(",")]
@@ -275,6 +280,11 @@ def model_size(args) -> str:
     return args.size if args.model in pipelines.list_families() else "full"
 
 
+def served_model_name(args) -> str:
+    """The base model's id: ``--served-model-name``, else ``--model`` as given."""
+    return args.served_model_name or args.model
+
+
 def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     g = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
     limits = RequestLimits(granularity=g, max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n)
@@ -285,7 +295,8 @@ def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     planner = RequestPlanner(pipe, spec, size, limits,
                              default_width=default_size[0], default_height=default_size[1],
                              default_steps=default_steps(pipe, spec, args),
-                             resolution_binning=not args.no_resolution_binning)
+                             resolution_binning=not args.no_resolution_binning,
+                             model_id=served_model_name(args))
     try:
         planner.default_job(*default_size)
     except RequestError as exc:
@@ -314,7 +325,7 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
 def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup: dict,
                 api_key_required: bool = False) -> dict[str, Any]:
     return {
-        "model": args.model, "family": spec.name if spec is not None else None,
+        "model": args.model, "model_ids": planner.model_ids(), "family": spec.name if spec is not None else None,
         "size": args.size if args.model in pipelines.list_families() else "checkpoint",
         "pipeline": type(pipe).__name__, "device": str(device), "dtype": pipelines.dtype_name(dtype),
         "bcg": bool(args.bcg) and device.type == "cuda", "bcg_requested": bool(args.bcg), "compile": bool(args.compile),
@@ -323,7 +334,7 @@ def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup
         "max_queue": args.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps,
         "resolution_binning": (not args.no_resolution_binning) if planner.takes_binning else None,
-        "adapters": list(planner.adapter_ids), "warmup": warmup, "api_key_required": api_key_required, "torch": torch.__version__,
+        "warmup": warmup, "api_key_required": api_key_required, "torch": torch.__version__,
         "bcg_diffusion": bcg_diffusion.__version__,
     }
 
@@ -361,11 +372,9 @@ def start(args, parser) -> int:
               f"{pipelines.dtype_name(dtype)} ...", flush=True)
         t0 = time.perf_counter()
         pipe, spec = build(args, spec, device, dtype)
-        base_model = getattr(args, "served_model_name", None) or args.model
-        adapters = attach_adapters(pipe, options["adapters"], args, base_model, prog())  # before compile and BCG
+        adapters = attach_adapters(pipe, options["adapters"], args, served_model_name(args), prog())  # before BCG
         notes = speed_up(pipe, args, device)
         planner = make_planner(pipe, spec, args, options["default_size"])
-        planner.model_id = base_model
         if adapters is not None:
             planner.adapter_ids = tuple(adapters.names)
             notes.append(f"LoRA adapters: {', '.join(adapters.names)} (hot-swap rank {adapters.target_rank}, "

@@ -50,7 +50,7 @@ def _pipe():
 
 
 def _args(**lora) -> argparse.Namespace:
-    return argparse.Namespace(model=BASE, size="tiny", steps=2, max_pixels=128 * 128, max_steps=8, max_n=2,
+    return argparse.Namespace(model=BASE, served_model_name=None, size="tiny", steps=2, max_pixels=128 * 128, max_steps=8, max_n=2,
                               no_resolution_binning=False, lora_rank=lora.get("rank"),
                               lora_gpu_slots=lora.get("slots"))
 
@@ -64,7 +64,6 @@ def serving(loras: dict[str, Path] | None, slots: int | None = None, rank: int |
     specs = [AdapterSpec(n, str(p)) for n, p in (loras or {}).items()]
     bank = attach_adapters(pipe, specs, args, BASE, "bcg-serve")
     planner = server.make_planner(pipe, pipelines.get_family("flux"), args, None)
-    planner.model_id = BASE
     if bank is not None:
         planner.adapter_ids = tuple(bank.names)
     worker = PipelineWorker()
