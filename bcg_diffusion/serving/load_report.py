@@ -78,6 +78,11 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         lat = [o.latency_s for o in ok if o.size == size]
         per_size[size] = {"requests": sum(o.size == size for o in run.outcomes), "ok": len(lat),
                           "p50": percentile(lat, 50), "p99": percentile(lat, 99), "warmed": size in warmed}
+    per_model: dict[str, dict[str, Any]] = {}
+    for model in sorted({o.model for o in run.outcomes if o.model is not None}):
+        lat = [o.latency_s for o in ok if o.model == model]
+        per_model[model] = {"requests": sum(o.model == model for o in run.outcomes), "ok": len(lat),
+                            "p50": percentile(lat, 50)}
     c0, c1 = _captures(run.stats_start), _captures(run.stats_end)
     images = sum(len(o.payload_hashes) for o in ok)
     return {
@@ -96,6 +101,8 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         "captures_during_load": None if c0 is None or c1 is None else c1 - c0,
         "consistency": _consistency(run),
         "per_size": per_size,
+        "per_model": per_model,
+        "adapters": run.stats_end.get("adapters"),
     }
 
 
@@ -178,6 +185,11 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
         name = f"p50 s at {size}" + (" (warmed)" if warmed else "")
         cells = [_fmt(s["per_size"].get(size, {}).get("p50")) for s in summaries]
         lines.append(f"{name:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    models = sorted({model for s in summaries for model in s.get("per_model", {})})
+    for model in models:
+        cells = [f"{s['per_model'].get(model, {}).get('ok', 0)}, "
+                 f"{_fmt(s['per_model'].get(model, {}).get('p50'))} s" for s in summaries]
+        lines.append(f"{'ok, p50 for ' + model:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
     for s in summaries:
         for example in s["error_examples"]:
             lines.append(f"  {s['label']} error {example}")

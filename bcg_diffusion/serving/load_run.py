@@ -69,6 +69,7 @@ class Outcome:
     payload_hashes: tuple[str, ...] = ()
     pixel_hashes: tuple[str, ...] = ()
     error: str | None = None
+    model: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,7 +100,7 @@ def _header_float(response: httpx.Response, name: str) -> float | None:
 def send_one(http: httpx.Client, index: int, body: dict[str, Any]) -> Outcome:
     """Post one body; never raises for transport errors or bad answers (they become the outcome)."""
     start = time.perf_counter()
-    base = {"index": index, "identity": identity(body), "size": body.get("size", "")}
+    base = {"index": index, "identity": identity(body), "size": body.get("size", ""), "model": body.get("model")}
     try:
         response = http.post(GENERATIONS_PATH, json=body)
     except httpx.HTTPError as exc:

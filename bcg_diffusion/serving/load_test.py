@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--guidance", type=float, default=None, help="guidance_scale of every request (default: server's)")
     g.add_argument("--negative-prompt", default=None, help="negative_prompt of every request")
     g.add_argument("--n", type=int, default=1, help="images per request (default: 1)")
+    g.add_argument("--models", default=None, metavar="ID[,ID...]",
+                   help="model ids drawn per request as its model field: the base model's id and adapter ids, as "
+                   "the server's GET /v1/models lists them (default: no model field, the base model)")
     g = p.add_argument_group("checks and output")
     g.add_argument("--memory-tolerance", type=float, default=0.05,
                    help="GPU memory allocated at the end may differ from the start by this fraction (default: 0.05)")
@@ -139,7 +142,8 @@ def mix_spec(args) -> MixSpec:
     prompts = tuple(p for p in args.prompts.split("|") if p.strip()) if args.prompts else DEFAULT_PROMPTS
     return MixSpec(sizes=tuple(args.sizes.split(",")), prompts=prompts, seeds=args.seeds, n=args.n,
                    steps=args.steps, guidance=args.guidance, negative_prompt=args.negative_prompt,
-                   mix_seed=args.mix_seed)
+                   mix_seed=args.mix_seed,
+                   models=tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else ())
 
 
 def default_label(stats: dict[str, Any]) -> str:
