@@ -18,6 +18,7 @@ MODULES = {
     "generate": "bcg_diffusion.cli.generate",
     "serve": "bcg_diffusion.serving.server",
     "load": "bcg_diffusion.serving.load_test",
+    "make_loras": "bcg_diffusion.serving.lora_maker",
     "bench_step": "bcg_diffusion.benchmarks.bench_step",
     "bench_shapes": "bcg_diffusion.benchmarks.bench_shapes",
     "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit_bench",

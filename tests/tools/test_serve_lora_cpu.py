@@ -16,6 +16,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -226,3 +227,41 @@ def test_a_pipeline_without_lora_support_is_refused_by_name(loras, capsys):
                         "--lora", f"anime={loras['anime']}"])
     err = capsys.readouterr().err
     assert code == 2 and "PixArtSigmaPipeline" in err and "takes no LoRA" in err, err
+
+
+# -- a live server and the load test ----------------------------------------------------------------------------
+def test_the_mix_draws_models_only_when_given():
+    from bcg_diffusion.serving.load_mix import MixSpec, build_mix
+
+    plain = build_mix(MixSpec(), 12)
+    with_models = build_mix(MixSpec(models=(BASE, "anime")), 12)
+    assert all("model" not in b for b in plain) and {b["model"] for b in with_models} == {BASE, "anime"}
+    assert [{k: v for k, v in b.items() if k != "model"} for b in with_models][:1] == plain[:1]
+
+
+def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys):
+    from _scripts import load_script
+    from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready
+
+    options = " ".join(f"--lora {name}={path}" for name, path in loras.items())
+    spawned = start_server(f"--model flux --device cpu --steps 2 --warmup 64x64 --max-pixels 16384 --lora-gpu-slots 1 "
+                           f"{options}", tmp_path / "server.log")
+    try:
+        wait_ready([spawned], 300)
+        out = tmp_path / "load.json"
+        code = load_script("load").main(["--url", spawned.url, "--requests", "8", "--concurrency", "2", "--sizes",
+                                          "64x64", "--seeds", "2", "--models", f"{BASE},{','.join(NAMES)}",
+                                          "--out", str(out), "--request-timeout", "120", "--time-limit", "240"])
+        report = capsys.readouterr().out
+        assert code == 0, report
+        assert f"ok, p50 for {NAMES[0]}" in report
+        (summary,) = json.loads(out.read_text())["servers"]
+        assert sum(m["ok"] for m in summary["per_model"].values()) == 8
+        adapters = summary["adapters"]
+        assert adapters["base_requests"] == summary["per_model"].get(BASE, {}).get("ok", 0)
+        assert {n: a["requests"] for n, a in adapters["adapters"].items()} == {
+            n: summary["per_model"].get(n, {}).get("ok", 0) for n in NAMES}
+        models = httpx.get(f"{spawned.url}/v1/models", timeout=30, trust_env=False).json()
+        assert [m["id"] for m in models["data"]] == [BASE, *NAMES]
+    finally:
+        stop_server(spawned)
