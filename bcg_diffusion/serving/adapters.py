@@ -268,18 +268,18 @@ class AdapterBank:
             return model
         raise KeyError(model)
 
-    def select(self, name: str | None, scale: float | None = None) -> None:
+    def select(self, name: str | None, scale: float | None = None, requests: int = 1) -> None:
         """Make the next pipeline calls serve adapter ``name`` at ``scale`` (default 1.0; ``name=None``: the base
-        model). Call it on the worker thread, between pipeline calls."""
+        model), for ``requests`` requests (counted). Call it on the worker thread, between pipeline calls."""
         scale = 1.0 if scale is None else float(scale)
         if name is None:
-            self.base_requests += 1
+            self.base_requests += requests
             if self._enabled:
                 self.transformer.disable_adapters()
                 self._enabled = False
             return
         adapter = self._adapters[name]
-        adapter.requests += 1
+        adapter.requests += requests
         with torch.no_grad():
             if self._live != name:
                 source = self._device_image(adapter)

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import bcg_diffusion
 
+from .batching import RequestBatcher
 from .png import encode_png_b64
 from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large, model_not_found
 from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_memory
@@ -57,7 +58,8 @@ GET_METHODS = ["GET", "HEAD"]
 class ServerState:
     """Everything the routes use. ``info`` describes the server (model, options, warm-up) for ``/stats``;
     ``max_queue`` bounds the requests waiting or running (more get a 503); ``api_key``, when set, is
-    required on every route but :data:`OPEN_PATHS` (a 401 otherwise)."""
+    required on every route but :data:`OPEN_PATHS` (a 401 otherwise); ``batcher``, when set, gathers the
+    requests it batches (:mod:`.batching`; the others go to ``worker`` one call each)."""
 
     planner: RequestPlanner
     worker: PipelineWorker
@@ -67,6 +69,21 @@ class ServerState:
     max_queue: int
     started: float = field(default_factory=time.time)
     api_key: str | None = None
+    batcher: RequestBatcher | None = None
+
+    def depth(self) -> int:
+        """Requests waiting to be batched, waiting for the worker, or running."""
+        return self.worker.depth + (self.batcher.pending if self.batcher is not None else 0)
+
+    @property
+    def alive(self) -> bool:
+        return self.worker.alive and (self.batcher is None or self.batcher.alive)
+
+    def batching_stats(self) -> dict[str, Any]:
+        """``/stats`` ``batching``: the batcher's numbers, or ``{"enabled": false, "max_batch": 1}``."""
+        if self.batcher is None:
+            return {"enabled": False, "max_batch": 1}
+        return self.batcher.stats.snapshot()
 
     def model_ids(self) -> list[str]:
         """The ids ``GET /v1/models`` lists (the base model first, then the adapters): the planner's, which
@@ -238,7 +255,7 @@ def create_app(state: ServerState) -> FastAPI:
         except RequestError as error:
             logger.info("rejected (%d): %s", error.status, error.message)
             return error_response(error)
-        if state.worker.depth >= state.max_queue:
+        if state.depth() >= state.max_queue:
             error = RequestError(f"the server is busy: {state.max_queue} requests are queued or running "
                                  "(--max-queue); retry later", status=503, type="server_busy")
             return error_response(error, {"Retry-After": "1"})
@@ -248,8 +265,10 @@ def create_app(state: ServerState) -> FastAPI:
             started = time.perf_counter()
             return started, state.generator.generate(job)
 
+        batcher = state.batcher
+        future = batcher.submit(job) if batcher is not None and batcher.batches(job) else state.worker.submit(run)
         try:
-            started, result = await asyncio.wrap_future(state.worker.submit(run))
+            started, result = await asyncio.wrap_future(future)
         except Exception as exc:  # noqa: BLE001 - a failed pipeline call is answered, the worker goes on
             error = _pipeline_error(exc, job)
             return error_response(error)
@@ -257,27 +276,30 @@ def create_app(state: ServerState) -> FastAPI:
         payloads = await asyncio.gather(*(loop.run_in_executor(None, encode_png_b64, im) for im in result.images))
         state.counters.add("images", len(payloads))
         queue_s = started - submitted
-        logger.info("200 %s n=%d steps=%d seed=%d: queue %.3f s, pipeline %.3f s", job.size, job.n, job.steps,
-                    job.seed, queue_s, result.pipeline_s)
+        rows = result.batch_rows if result.batch_rows is not None else job.n
+        logger.info("200 %s n=%d steps=%d seed=%d: queue %.3f s, pipeline %.3f s (batch of %d, %d rows)", job.size,
+                    job.n, job.steps, job.seed, queue_s, result.pipeline_s, result.batch_requests, rows)
         return JSONResponse({"created": int(time.time()), "data": [{"b64_json": p} for p in payloads]},
                             headers={"x-queue-seconds": f"{queue_s:.6f}",
-                                     "x-pipeline-seconds": f"{result.pipeline_s:.6f}"})
+                                     "x-pipeline-seconds": f"{result.pipeline_s:.6f}",
+                                     "x-batch-requests": str(result.batch_requests), "x-batch-rows": str(rows)})
 
     @app.api_route("/health", methods=GET_METHODS)
     async def health():
         """``ok`` while the worker thread lives (also while a call runs), else a 503."""
-        body = {"status": "ok" if state.worker.alive else "worker stopped",
-                "busy": bool(state.worker.running), "queue_depth": state.worker.depth}
-        return JSONResponse(body, status_code=200 if state.worker.alive else 503)
+        body = {"status": "ok" if state.alive else "worker stopped",
+                "busy": bool(state.worker.running), "queue_depth": state.depth()}
+        return JSONResponse(body, status_code=200 if state.alive else 503)
 
     @app.api_route("/stats", methods=GET_METHODS)
     async def stats():
         """The server's description and counters, the BCG stats as of the last finished call, GPU memory."""
         counters = state.counters.snapshot()
-        counters.update(queue_depth=state.worker.depth, waiting=state.worker.waiting,
-                        running=state.worker.running)
+        counters.update(queue_depth=state.depth(), waiting=state.worker.waiting, running=state.worker.running,
+                        batch_pending=state.batcher.pending if state.batcher is not None else 0)
         return {"server": {**state.info, "uptime_s": round(time.time() - state.started, 3)},
                 "counters": counters,
+                "batching": state.batching_stats(),
                 "bcg": state.generator.bcg_stats,
                 "adapters": state.generator.adapter_stats,
                 "gpu_memory": gpu_memory(state.generator.device)}

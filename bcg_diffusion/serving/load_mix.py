@@ -26,9 +26,9 @@ class MixSpec:
     """What a load run asks for. Each request draws a size, a prompt and a seed (``0 .. seeds - 1``) with
     ``random.Random(mix_seed)``, so the same spec gives the same bodies in the same order, and few
     seeds make equal requests recur (their images must be bitwise equal). ``steps``, ``guidance`` and
-    ``negative_prompt`` of ``None`` are left to the server's defaults. ``models``, when given, are drawn per
-    request as its ``model`` field (the base model's id and adapter ids, as ``/v1/models`` lists them); without
-    them no ``model`` is sent and the draws of the other fields are those of a mix without models."""
+    ``negative_prompt`` of ``None`` are left to the server's defaults. ``models`` (ids the server lists in
+    ``/v1/models``: the base model, adapters) are drawn per request as its ``model`` field, after its other draws;
+    empty: no ``model`` field (the base model), and the same mix as before models existed."""
 
     sizes: tuple[str, ...] = DEFAULT_SIZES
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
@@ -54,14 +54,14 @@ def build_mix(spec: MixSpec, count: int) -> list[dict[str, Any]]:
     for _ in range(count):
         body: dict[str, Any] = {"prompt": rng.choice(spec.prompts), "size": rng.choice(spec.sizes),
                                 "seed": rng.randrange(spec.seeds), "n": spec.n, "response_format": "b64_json"}
-        if spec.models:
-            body["model"] = rng.choice(spec.models)
         if spec.steps is not None:
             body["num_inference_steps"] = spec.steps
         if spec.guidance is not None:
             body["guidance_scale"] = spec.guidance
         if spec.negative_prompt is not None:
             body["negative_prompt"] = spec.negative_prompt
+        if spec.models:
+            body["model"] = rng.choice(spec.models)
         bodies.append(body)
     return bodies
 

@@ -254,7 +254,7 @@ def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys)
                                           "--out", str(out), "--request-timeout", "120", "--time-limit", "240"])
         report = capsys.readouterr().out
         assert code == 0, report
-        assert f"ok, p50 for {NAMES[0]}" in report
+        assert f"ok at model {NAMES[0]}" in report
         (summary,) = json.loads(out.read_text())["servers"]
         assert sum(m["ok"] for m in summary["per_model"].values()) == 8
         adapters = summary["adapters"]
@@ -265,3 +265,20 @@ def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys)
         assert [m["id"] for m in models["data"]] == [BASE, *NAMES]
     finally:
         stop_server(spawned)
+
+
+def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
+    client, generator = adapted
+    planner = server.make_planner(generator.pipe, pipelines.get_family("flux"), _args(), None)
+    planner.adapter_ids = tuple(NAMES)
+
+    def job(**fields):
+        return planner.parse(json.dumps({**BODY, **fields}).encode())
+
+    pair = [job(model="sketch", seed=1), job(model="sketch", seed=2)]
+    batched = [encode_png_b64(r.images[0]) for r in generator.generate_batch(pair, rows=3)]
+    assert batched == [encode_png_b64(generator.generate_batch([j], rows=3)[0].images[0]) for j in pair]
+    with pytest.raises(ValueError, match="different adapters"):
+        generator.generate_batch([job(model="sketch"), job(model="noir")], rows=2)
+    with pytest.raises(ValueError, match="different adapters"):
+        generator.generate_batch([job(model="sketch"), job(model="sketch", lora_scale=0.5)], rows=2)
