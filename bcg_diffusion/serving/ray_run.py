@@ -33,6 +33,10 @@ __all__ = ["OBJECT_STORE_BYTES", "local_ray_options", "missing_ray", "run_replic
 
 #: Ray's shared-memory object store of the local instance: answers are a few PNGs, never large.
 OBJECT_STORE_BYTES = 256 * 1024**2
+#: Seconds ``serve.shutdown()`` may take (graceful: running requests finish) before Ray itself is stopped.
+SERVE_SHUTDOWN_S = 10.0
+#: Ray Serve's own log in the replicas' output: warnings only, no access log (the server logs its requests).
+SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 #: Seconds to wait for Ray's proxy to route ``/health`` to a replica once the application runs.
 PROXY_READY_S = 60.0
 
@@ -127,11 +131,12 @@ def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, opti
     print(f"starting Ray Serve on this machine: {counts} replica(s) of {args.model}, each building and warming its "
           "own pipeline ...", flush=True)
     t0 = time.perf_counter()
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the replicas' lines in this output without colour codes
     ray.init(**local_ray_options(options))
     try:
-        serve.start(http_options={"host": args.host, "port": port}, logging_config={"log_level": "WARNING"})
+        serve.start(http_options={"host": args.host, "port": port}, logging_config=SERVE_LOGGING)
         try:
-            serve.run(image_server_app(args, options), name=APP_NAME, route_prefix="/")
+            serve.run(image_server_app(args, options), name=APP_NAME, route_prefix="/", logging_config=SERVE_LOGGING)
         except Exception as exc:  # noqa: BLE001 - e.g. a replica's build or warm-up failed: Ray's message
             raise Failure(1, f"error: the replicas did not start: {type(exc).__name__}: {exc}") from exc
         url = _url(args.host, port)
@@ -141,9 +146,17 @@ def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, opti
         why = _wait_for_signal()
         print(f"{why}: stopping the replicas and Ray ...", flush=True)
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        stop_ray(serve, ray)
     return 0
+
+
+def stop_ray(serve, ray, timeout_s: float = SERVE_SHUTDOWN_S) -> None:
+    """``serve.shutdown()`` (replicas finish their running requests) for at most ``timeout_s``, then
+    ``ray.shutdown()``, which ends the processes this command's Ray instance started."""
+    done = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
+    done.start()
+    done.join(timeout_s)
+    if done.is_alive():
+        print(f"Ray Serve did not stop within {timeout_s:.0f} s; stopping Ray", flush=True)
+    ray.shutdown()
 
