@@ -108,8 +108,9 @@ def build_app(config: Mapping[str, Any]):
     server_args = config.pop("server_args", "")
     try:
         args = parse_server_args(server_args)
-        for flag in ("host", "port", "replicas", "max_replicas"):
-            if getattr(args, flag) not in (None, server.DEFAULT_HOST, server.DEFAULT_PORT):
+        defaults = server.build_parser()
+        for flag in ("host", "port", "replicas", "max_replicas", "target_ongoing_requests", "gpus_per_replica"):
+            if getattr(args, flag) != defaults.get_default(flag):
                 raise ServerOptionsError(f"--{flag.replace('_', '-')} does not belong in server_args: the proxy's "
                                          "address is Ray's (http_options), the replica counts are keys of args")
         options = check_server_args(args)

@@ -137,6 +137,7 @@ def replica_options_from_args(args: argparse.Namespace) -> ReplicaOptions | None
         raise ReplicaOptionsError(message) from None
 
 
+_TYPE_WORDS = {int: "whole number", float: "number"}
 _FIELD_TYPES = {"replicas": int, "max_replicas": int, "target_ongoing_requests": float, "gpus_per_replica": float,
                 "cpus_per_replica": float, "max_ongoing_requests": int}
 
@@ -156,7 +157,7 @@ def replica_options_from_mapping(values: Mapping[str, Any]) -> ReplicaOptions:
         try:
             converted[name] = _FIELD_TYPES[name](str(value).strip())
         except ValueError:
-            raise ReplicaOptionsError(f"{name}: {value!r} is not a {_FIELD_TYPES[name].__name__}") from None
+            raise ReplicaOptionsError(f"{name}: {value!r} is not a {_TYPE_WORDS[_FIELD_TYPES[name]]}") from None
     if converted.get("target_ongoing_requests") is not None:
         converted["target_ongoing_requests"] = float(converted["target_ongoing_requests"])
     return ReplicaOptions(**converted)
