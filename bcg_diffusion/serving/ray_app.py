@@ -32,7 +32,13 @@ from ray import serve
 from . import server
 from .app import ServerState, create_app
 from .replica_options import ReplicaOptions, ReplicaOptionsError, replica_options_from_mapping
-from .replica_state import ServerOptionsError, build_server_state, check_server_args, parse_server_args
+from .replica_state import (
+    ServerOptionsError,
+    build_server_state,
+    check_server_args,
+    parse_server_args,
+    stop_server_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +69,15 @@ class ImageServerReplica:
         return create_app(self._state)
 
     def check_health(self) -> None:
-        """Ray's periodic health check: raises (and Ray replaces this replica) once the worker thread is gone."""
-        if not self._state.worker.alive:
-            raise RuntimeError("the pipeline's worker thread has stopped")
+        """Ray's periodic health check: raises (and Ray replaces this replica) once the worker thread (or the
+        batcher's) is gone."""
+        if not self._state.alive:
+            raise RuntimeError("the pipeline's worker thread (or the request batcher) has stopped")
 
     def __del__(self):
         state = getattr(self, "_state", None)
         if state is not None:
-            state.worker.stop(timeout=GRACEFUL_SHUTDOWN_S)
+            stop_server_state(state)
 
 
 def _replica_id() -> str | None:

@@ -21,7 +21,7 @@ from . import server
 from .app import ServerState
 from .worker import ImageGenerator, PipelineWorker, ServerCounters
 
-__all__ = ["ServerOptionsError", "build_server_state", "check_server_args", "parse_server_args"]
+__all__ = ["ServerOptionsError", "build_server_state", "check_server_args", "parse_server_args", "stop_server_state"]
 
 
 class ServerOptionsError(ValueError):
@@ -78,15 +78,26 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
         notes = server.speed_up(pipe, args, device)
         planner = server.make_planner(pipe, spec, args, options["default_size"])
         print(f"built in {time.perf_counter() - t0:.1f} s; {'; '.join(notes) or 'eager'}", flush=True)
+        shapes = server.batching_setup(pipe, planner, args, options["warmup"])
         counters = ServerCounters()
         worker = PipelineWorker()
         generator = ImageGenerator(pipe, device, counters, options["injections"])
         try:
-            warmup = server.warm_up(worker, generator, planner, options["warmup"])
+            warmup = server.warm_up(worker, generator, planner, options["warmup"], shapes)
         except BaseException:
             worker.stop()
             raise
         info = server.server_info(args, spec, pipe, device, dtype, planner, warmup, options["api_key"] is not None)
     except Failure as failure:
         raise ServerOptionsError(str(failure)) from failure
-    return ServerState(planner, worker, generator, counters, info, args.max_queue, api_key=options["api_key"])
+    batcher = (server.RequestBatcher(worker, generator.generate_batch, shapes, server.BatchStats(shapes.policy))
+               if shapes is not None else None)
+    return ServerState(planner, worker, generator, counters, info, args.max_queue, api_key=options["api_key"],
+                       batcher=batcher)
+
+
+def stop_server_state(state: ServerState) -> None:
+    """Stop what :func:`build_server_state` started: the batcher (if any), then the worker thread."""
+    if state.batcher is not None:
+        state.batcher.stop()
+    state.worker.stop()

@@ -113,6 +113,12 @@ def test_two_replicas_answer_the_openai_client_with_the_single_servers_image(ser
     assert images[0] == images[1]  # the same PNG bytes
     stats = http.get("/stats").json()
     assert stats["server"]["model"] == "flux" and stats["server"]["warmup"]["sizes"] == ["64x64"]
+    with httpx.Client(base_url=single.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as direct:
+        single_stats = direct.get("/stats").json()
+    varying = {"uptime_s", "warmup"}  # the warm-up's seconds differ; its sizes are compared above
+    assert {k: v for k, v in stats["server"].items() if k not in varying | {"replica"}} == \
+        {k: v for k, v in single_stats["server"].items() if k not in varying}  # the replica is the same server
+    assert set(stats) == set(single_stats)
     bad = http.post("/v1/images/generations", json={"prompt": "x", "size": "65x64"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert http.get("/health").json()["status"] == "ok"

@@ -16,7 +16,12 @@ from bcg_diffusion.serving.replica_options import (
     replica_options_from_args,
     replica_options_from_mapping,
 )
-from bcg_diffusion.serving.replica_state import ServerOptionsError, build_server_state, parse_server_args
+from bcg_diffusion.serving.replica_state import (
+    ServerOptionsError,
+    build_server_state,
+    parse_server_args,
+    stop_server_state,
+)
 
 TINY = "--model flux --device cpu --steps 2 --warmup 64x64"
 
@@ -109,12 +114,13 @@ def test_build_app_takes_the_api_key_from_the_environment(monkeypatch):
 def test_a_replica_builds_and_warms_its_state_or_fails_before_serving(monkeypatch):
     """The replica's constructor: the state of the single server (warmed); a failed warm-up raises (so Ray never
     routes to that replica) and stops the worker thread it started."""
-    state = build_server_state(parse_server_args(TINY))
+    state = build_server_state(parse_server_args(f"{TINY} --max-batch 2"))
     try:
-        assert state.info["warmup"]["sizes"] == ["64x64"] and state.worker.alive
-        assert state.planner.default_steps == 2 and state.api_key is None
+        assert state.info["warmup"]["sizes"] == ["64x64"] and state.alive and state.batcher is not None
+        assert state.planner.default_steps == 2 and state.api_key is None and state.info["max_batch"] == 2
     finally:
-        state.worker.stop()
+        stop_server_state(state)
+    assert not state.worker.alive and not state.batcher.alive
     workers = []
     real_worker = server.PipelineWorker
 
