@@ -60,7 +60,7 @@ except ModuleNotFoundError as exc:  # the serve extra is not installed
     if exc.name not in SERVE_EXTRA_MODULES:
         raise
     MISSING_SERVE_EXTRA: str | None = f"{exc}; install the server's packages with: pip install -e \".[serve]\""
-    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 10.0, 1 << 22  # --help still shows them
+    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 20.0, 1 << 22  # --help still shows them
 else:
     MISSING_SERVE_EXTRA = None
 

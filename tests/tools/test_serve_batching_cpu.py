@@ -324,3 +324,50 @@ def test_a_failure_in_a_batch_fails_its_requests_and_later_images_are_unchanged(
     else:
         assert pixels(other) == reference
     assert pixels(post(server.url, body)) == reference
+
+
+# -------------------------------------------------------------------------------------------------------
+# the load test against a batching server
+# -------------------------------------------------------------------------------------------------------
+def test_load_reports_batching_models_and_the_alone_check(server, tmp_path, capsys):
+    import json
+
+    from bcg_diffusion.serving import load_test
+
+    out = tmp_path / "load.json"
+    code = load_test.main(["--url", server.url, "--requests", "8", "--concurrency", "4", "--sizes", "64x64",
+                           "--prompts", "a fox|a cat", "--seeds", "2", "--models", "flux", "--check-alone",
+                           "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    result = json.loads(out.read_text())
+    (summary,) = result["servers"]
+    assert summary["per_model"] == {"flux": {"requests": 8, "ok": 8, "p50": summary["per_model"]["flux"]["p50"]}}
+    batching = summary["batching"]
+    assert batching["batched_requests"] == 8 + 0 and batching["batches"] <= 8 and batching["max_batch"] == ROWS
+    check = summary["alone_check"]
+    assert check["distinct"] == check["equal"] == check["compared"] >= 2 and not check["mismatched"], check
+    assert "alone check" in text and "requests per batched call" in text and "result: PASS" in text
+    assert all(o["model"] == "flux" for o in result["outcomes"][summary["label"]])
+
+
+def test_load_fails_on_an_unknown_model_and_on_a_missed_throughput_target(server, capsys):
+    from bcg_diffusion.serving import load_test
+
+    code = load_test.main(["--url", server.url, "--requests", "2", "--concurrency", "1", "--sizes", "64x64",
+                           "--models", "flux,no-such-adapter", "--mix-seed", "3"])
+    text = capsys.readouterr().out
+    assert code == 1 and "404" in text and "ok at model no-such-adapter" in text, text
+    assert load_test.main(["--url", server.url, "--min-throughput-ratio", "2"]) == 2  # needs two servers
+
+
+def test_throughput_ratio_target():
+    from bcg_diffusion.serving.load_report import throughput_ratio
+
+    off = {"throughput_rps": 2.0, "latency_s": {"p99": 4.0}}
+    on = {"throughput_rps": 4.0, "latency_s": {"p99": 3.0}}
+    assert throughput_ratio(off, on, 1.8, 1.0) == {"throughput_ratio": 2.0, "p99_ratio": 0.75,
+                                                    "min_throughput_ratio": 1.8, "max_p99_ratio": 1.0, "passed": True}
+    assert throughput_ratio(off, on, 2.5, None)["passed"] is False
+    assert throughput_ratio(off, on, None, 0.5)["passed"] is False
+    assert throughput_ratio(off, on, None, None)["passed"] is None
