@@ -44,7 +44,7 @@ __all__ = ["DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "FILLER_SEED", "SEED_MODUL
            "BatchStats", "RequestBatcher", "batch_key", "row_seeds"]
 
 #: ``--batch-window-ms``: how long the oldest waiting request may wait for others to join its batch.
-DEFAULT_WINDOW_MS = 10.0
+DEFAULT_WINDOW_MS = 20.0
 #: ``--batch-work-limit``: latent tokens x hidden size x CFG rows per row above which a size is not batched
 #: (PixArt-Sigma at 512x512: 1024 x 1152 x 2 = 2.4M; Flux.1 at 512x512: 1024 x 3072 = 3.1M, at 1024x1024 12.6M).
 DEFAULT_WORK_LIMIT = 1 << 22
@@ -214,7 +214,9 @@ class RequestBatcher:
 
     ``submit(job)`` returns a future of ``(started, GenerationResult)`` for that job alone (as an unbatched call
     gives). One thread forms batches: it takes the oldest waiting request, waits until its key has
-    ``rows`` images waiting or the oldest has waited ``window_s``, takes every waiting request of that key that
+    ``rows`` images waiting or ``window_s`` has passed since that request arrived or since the previous batch
+    was answered, whichever is later (the clients of the previous batch send their next requests then, and they
+    join this batch instead of forming a small one of their own), takes every waiting request of that key that
     fits (in arrival order), and runs the batch through ``run_batch(jobs, rows)`` on the worker, waiting for it
     before forming the next (requests that arrive meanwhile join the next batch).
     """
@@ -228,6 +230,7 @@ class RequestBatcher:
         self._pending: list[_Pending] = []
         self._cond = threading.Condition()
         self._stopping = False
+        self._free_since = 0.0  # when the previous batch was answered
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -285,7 +288,8 @@ class RequestBatcher:
                 if self._stopping:
                     return None
                 chosen, full = self._select()
-                remaining = self._pending[0].arrived + self.shapes.policy.window_s - time.perf_counter()
+                opened = max(self._pending[0].arrived, self._free_since)
+                remaining = opened + self.shapes.policy.window_s - time.perf_counter()
                 if full or remaining <= 0:
                     for item in chosen:
                         self._pending.remove(item)
@@ -303,9 +307,11 @@ class RequestBatcher:
             except BaseException as exc:  # noqa: BLE001 - the whole batch failed: every request gets the error
                 for item in batch:
                     item.future.set_exception(exc)
-                continue
-            for item, result in zip(batch, results):
-                item.future.set_result((started, result))
+            else:
+                for item, result in zip(batch, results):
+                    item.future.set_result((started, result))
+            with self._cond:
+                self._free_since = time.perf_counter()
         with self._cond:  # stopped: the requests still waiting are refused
             for item in self._pending:
                 item.future.set_exception(RuntimeError("the server is stopping"))

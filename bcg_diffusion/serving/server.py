@@ -46,6 +46,7 @@ from bcg_diffusion.cli.options import (
 from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
 
 from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
+from .replica_options import ReplicaOptionsError, add_replica_arguments, replica_options_from_args  # no Ray
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
@@ -60,7 +61,7 @@ except ModuleNotFoundError as exc:  # the serve extra is not installed
     if exc.name not in SERVE_EXTRA_MODULES:
         raise
     MISSING_SERVE_EXTRA: str | None = f"{exc}; install the server's packages with: pip install -e \".[serve]\""
-    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 10.0, 1 << 22  # --help still shows them
+    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 20.0, 1 << 22  # --help still shows them
 else:
     MISSING_SERVE_EXTRA = None
 
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"port (default: {DEFAULT_PORT}; 0: a free port, printed as '{LISTENING_PREFIX}URL')")
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="log level of the server's own log on stderr (default: info)")
+    add_replica_arguments(p)
     g = p.add_argument_group("testing")
     g.add_argument("--inject", action="append", default=[], metavar="KIND:PROMPT",
                    help="testing only: a request with exactly PROMPT fails inside the pipeline after its first step "
@@ -445,6 +447,15 @@ def start(args, parser) -> int:
     return 0
 
 
+def start_replicas(args, parser, replicas) -> int:
+    """``--replicas N``: the same application as replicas on a local Ray Serve instance (:mod:`.ray_run`)."""
+    from .ray_run import missing_ray, run_replicas
+
+    if missing_ray():
+        parser.error(missing_ray())
+    return run_replicas(args, parser, replicas, announce)
+
+
 def configure_logging(level_name: str) -> None:
     """The server's own log (``serve`` and ``bcg_diffusion.serving``) at ``--log-level`` on stderr; the library's
     and the pipelines' at WARNING (their INFO lines repeat what the server prints: the build, the warm-up
@@ -465,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         if MISSING_SERVE_EXTRA:
             parser.error(MISSING_SERVE_EXTRA)
         configure_logging(args.log_level)
+        try:
+            replicas = replica_options_from_args(args)
+        except ReplicaOptionsError as exc:
+            parser.error(str(exc))
+        if replicas is not None:  # Ray Serve replicas: Ray is imported there only
+            return start_replicas(args, parser, replicas)
         return start(args, parser)
     except SystemExit as exc:  # --help (0) or a bad argument (2)
         return int(exc.code or 0)

@@ -7,6 +7,7 @@
   ``__all__`` of a public module (:data:`PUBLIC_MODULES`), imported or read as an attribute
   (``bcg_diffusion.X``); ``pipelines/`` imports no tool;
 - nothing imports ``pipelines`` (the folder installs as ``bcg_pipelines``), nothing writes ``sys.path``;
+- nothing but the Ray Serve modules (:data:`RAY_MODULES`, the ``ray`` extra) imports ``ray``;
 - nothing but the tests names a test-only switch (:data:`TEST_SWITCH`): the tests install what they need
   (the sabotage is a watcher of the runner events that ``tests/conftest.py`` installs);
 - every package folder is listed in pyproject.toml, every console command and ``scripts/*.py`` launcher calls
@@ -35,6 +36,8 @@ PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
 API_MODULES = ("bcg_diffusion", "bcg_diffusion.accelerate", "bcg_diffusion.compile_cache", "bcg_diffusion.step_caches",
                "bcg_diffusion.warmup")
 CORE_MAY_IMPORT = ("torch", "cuda")
+#: The only modules that import Ray (the optional ``ray`` extra): the single server runs without it.
+RAY_MODULES = ("bcg_diffusion.serving.ray_app", "bcg_diffusion.serving.ray_run")
 #: The prefix of the test suite's switches (``..._SABOTAGE``), spelt so that this file does not match itself.
 TEST_SWITCH = "BCG_DIFFUSION_" + "TEST_"
 #: ``sys.path`` writes, spelt so that this file does not match itself.
@@ -172,6 +175,8 @@ def check_source(source: Source, text: str, public: dict[str, set[str]], modules
         imported = target if target in modules else module  # the module this import runs
         if top == "pipelines":
             say(line, f"imports {module}: the folder pipelines/ installs as {FIXTURES}")
+        if top == "ray" and source.module not in RAY_MODULES:
+            say(line, f"imports {module}: only {', '.join(RAY_MODULES)} import Ray (the optional ray extra)")
         if kind == "core" and not (within(module, "bcg_diffusion.core") or top in CORE_MAY_IMPORT
                                    or top in sys.stdlib_module_names or top == "__future__"):
             say(line, f"core imports {module} (only itself, the standard library, torch and cuda-bindings)")
@@ -341,6 +346,9 @@ def test_a_clean_small_tree_has_no_violations(tmp_path):
     ("scripts/generate.py", "import sys\nimport os\nfrom bcg_diffusion.cli.generate import main\n"
      + "\n" * 10 + "main()\n", "not a thin launcher"),
     ("bcg_diffusion/serving/__init__.py", "", "package bcg_diffusion.serving is not in [tool.setuptools] packages"),
+    ("bcg_diffusion/cli/generate.py", "from ray import serve\n\ndef main():\n    pass\n", "only bcg_diffusion.serving"
+     ".ray_app, bcg_diffusion.serving.ray_run import Ray"),
+    ("bcg_diffusion/accelerate.py", "import ray\n", "only bcg_diffusion.serving.ray_app"),
 ])
 def test_the_checker_reports_a_broken_rule(tmp_path, name, text, needle):
     violations = layer_violations(_tree(tmp_path, {name: text}))

@@ -282,3 +282,17 @@ def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
         generator.generate_batch([job(model="sketch"), job(model="noir")], rows=2)
     with pytest.raises(ValueError, match="different adapters"):
         generator.generate_batch([job(model="sketch"), job(model="sketch", lora_scale=0.5)], rows=2)
+
+
+def test_a_replica_state_serves_the_adapters_too(loras):
+    """Ray Serve replicas build their state as bcg-serve does (replica_state.py): with the adapters."""
+    from bcg_diffusion.serving.replica_state import build_server_state, parse_server_args, stop_server_state
+
+    args = parse_server_args(f"--model flux --device cpu --steps 2 --lora anime={loras['anime']} "
+                             f"--lora noir={loras['noir']} --lora-gpu-slots 1")
+    state = build_server_state(args)
+    try:
+        assert state.planner.model_ids() == [BASE, "anime", "noir"]
+        assert state.generator.adapters is not None and state.generator.adapter_stats["gpu_slots"] == 1
+    finally:
+        stop_server_state(state)
