@@ -31,18 +31,18 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.choices import MAX_STEPS
-from bcg_diffusion.cli.generate_args import check_binning_flag
-from bcg_diffusion.cli.options import (
+from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.options import (
     Failure,
     add_model_options,
+    check_binning_flag,
     choose_device,
     command_name,
     family_or_checkpoint,
     offline_hint,
     quiet_known_messages,
 )
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile
 
 from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
 

@@ -15,10 +15,10 @@ import torch
 
 import bcg_pipelines as pipelines
 from bcg_diffusion.step_caches import count_cache_passes
-from bcg_diffusion.cli.cache_option import (
+from bcg_diffusion.toolkit.cache_option import (
     CACHE_FAMILIES, CACHE_NAMES, cache_config, cache_unsupported_reason, check_cache, disable_cache, enable_cache,
     reset_cache_state)
-from bcg_diffusion.cli.speedups import quiet_library_warnings
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings
 
 STEPS = 4
 PAIRS = [(name, family) for name in CACHE_NAMES for family in pipelines.list_families()]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bcg_diffusion.cli import choices, generate, generate_args, options
+from bcg_diffusion.toolkit import choices, options
+
+from bcg_diffusion.cli import run as generate, args as generate_args
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's console scripts (pip install -e .)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = {"generate": "bcg_diffusion.cli.generate", "bench_step": "bcg_diffusion.benchmarks.bench_step"}
+TOOLS = {"generate": "bcg_diffusion.cli.generate", "bench_step": "bcg_diffusion.benchmarks.step.bench_step"}
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 ACROSS_KIND = "across_processes"  # the "kind" of a --processes summary (scripts/bench/across.py)
 
@@ -284,7 +284,7 @@ def test_bench_without_matplotlib_writes_json_markdown_and_one_line(bench, tmp_p
 
 
 def test_bench_chart_legend_is_outside_the_bars(bench):
-    from bcg_diffusion.benchmarks.chart import draw_chart
+    from bcg_diffusion.benchmarks.step.chart import draw_chart
 
     modes = {m: {"median_ms": 1.0, "speedup_vs_eager": 1.0 + i, "torch_compile": False}
              for i, m in enumerate(bench.MODES)}
@@ -477,7 +477,7 @@ def test_generate_unknown_cache_spec_exits_2(generate, capsys, no_build, spec, n
     ("sana", "magcache", "TransformerBlockRegistry"),
 ])
 def test_generate_cache_on_a_family_it_cannot_run_on_exits_2(generate, capsys, no_build, model, spec, why):
-    import bcg_diffusion.cli.cache_option as caches
+    import bcg_diffusion.toolkit.cache_option as caches
 
     assert generate.main(["--model", model, "--cache", spec]) == 2
     err = capsys.readouterr().err
@@ -493,7 +493,7 @@ def _no_torchao(monkeypatch):
 
 @pytest.mark.parametrize("name", ["fp8", "fp8wo", "int8wo", "int8"])
 def test_generate_quant_without_torchao_exits_2_with_the_install_hint(generate, capsys, monkeypatch, no_build, name):
-    from bcg_diffusion.cli.quant_option import INSTALL_HINT
+    from bcg_diffusion.toolkit.quant_option import INSTALL_HINT
 
     _no_torchao(monkeypatch)
     assert generate.main(["--quant", name]) == 2
@@ -537,7 +537,7 @@ def test_quantize_leaves_inductor_settings_alone(name):
     first compile of Flux fp8 on the H200); ours do not (real torchao, on a tiny CPU model)."""
     import torch._inductor.config as inductor_config
 
-    from bcg_diffusion.cli.quant_option import quantize
+    from bcg_diffusion.toolkit.quant_option import quantize
 
     keys = ("coordinate_descent_tuning", "coordinate_descent_check_all_directions")
     with inductor_config.patch(dict.fromkeys(keys, False)):  # off before, whatever ran earlier; restored after
@@ -556,7 +556,7 @@ def test_pyproject_quant_extra_pins_torchao():
     assert req.name == "torchao"
     assert "0.17.0" in req.specifier and "0.18.1" in req.specifier  # 0.17.0 runs with torch 2.11 on the GPU machine
     assert "0.16.0" not in req.specifier and "0.19.0" not in req.specifier
-    from bcg_diffusion.cli.quant_option import INSTALL_HINT
+    from bcg_diffusion.toolkit.quant_option import INSTALL_HINT
 
     assert 'pip install -e ".[quant]"' in INSTALL_HINT  # the hint names this extra
 
@@ -613,13 +613,13 @@ def test_generate_no_resolution_binning_where_the_pipeline_does_not_bin_exits_2(
      "96x128 latents (WxH; 3072 tokens at patch 2; hidden_states a list of 1: 16x1x128x96)"),
 ])
 def test_ran_size_reads_each_layout(shapes, config, text):
-    from bcg_diffusion.cli.timed_run import ran_size
+    from bcg_diffusion.toolkit.timed_run import ran_size
 
     assert ran_size(shapes, config).describe() == text
 
 
 def test_input_shapes_hook_is_removed_after_the_run():
-    from bcg_diffusion.cli.timed_run import InputShapes
+    from bcg_diffusion.toolkit.timed_run import InputShapes
 
     module = torch.nn.Linear(3, 3)
     with InputShapes(module) as seen:

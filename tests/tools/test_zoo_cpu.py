@@ -115,7 +115,7 @@ def test_unknown_class_names_the_case():
 # -- scripts/zoo_probe.py ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def probe():
-    return importlib.import_module("bcg_diffusion.benchmarks.zoo_probe")
+    return importlib.import_module("bcg_diffusion.benchmarks.zoo.zoo_probe")
 
 
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
