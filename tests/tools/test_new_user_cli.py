@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bcg_diffusion.cli import run as generate
-
+from bcg_diffusion.cli import generate
 from bcg_diffusion.toolkit import media, options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +129,7 @@ def test_height_and_width_above_the_family_limit_exit_2(capsys, no_build, argv, 
 def test_the_size_limit_is_the_documented_one():
     import bcg_pipelines as pipelines
 
-    from bcg_diffusion.cli.args import max_side
+    from bcg_diffusion.toolkit.sizes import max_side
 
     for name in pipelines.list_families():
         spec = pipelines.get_family(name)

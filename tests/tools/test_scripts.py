@@ -38,8 +38,10 @@ def bench():
 # generate.py: arguments
 # ---------------------------------------------------------------------------------------------------------
 def test_generate_defaults(generate):
-    args = generate.build_parser().parse_args([])
-    assert args.model == generate.DEFAULT_MODEL == "flux"
+    from bcg_diffusion.cli import args as generate_args
+
+    args = generate_args.build_parser().parse_args([])
+    assert args.model == generate_args.DEFAULT_MODEL == "flux"
     assert args.size == "tiny"
     assert (args.batch, args.seed) == (1, 0)
     assert args.steps is None and args.height is None and args.guidance is None
@@ -162,7 +164,9 @@ def test_step_timer_sees_through_a_call_wrapper(generate):
     cls = type(pipe)
     pipe.__class__ = type(cls.__name__, (cls,), {"__call__": lambda self, *a, **k: cls.__call__(self, *a, **k)})
     assert "callback" in pipelines.call_parameters(pipe)
-    result = generate.run_pipeline(pipe, {"prompt": "x", "num_inference_steps": 3, "height": 64, "width": 64,
+    from bcg_diffusion.toolkit.timed_run import run_pipeline
+
+    result = run_pipeline(pipe, {"prompt": "x", "num_inference_steps": 3, "height": 64, "width": 64,
                                           "clean_caption": False}, 0, torch.device("cpu"), "wrapped")
     assert len(result.step_times) == 3 and result.latents is not None
 
@@ -707,7 +711,9 @@ def test_generate_compile_cache_needs_compile(generate, tmp_path, capsys, no_bui
 def test_generate_compile_cache_prints_its_status_and_the_compile_setup(generate, tmp_path, capsys, monkeypatch):
     """The real use_compile_cache; regional compile replaced by a no-op (compiling on this CPU takes minutes)."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # use_compile_cache sets it; restored after
-    monkeypatch.setattr(generate, "regional_compile", lambda transformer: "regional compile (a no-op here)")
+    from bcg_diffusion.cli import run
+
+    monkeypatch.setattr(run, "regional_compile", lambda transformer: "regional compile (a no-op here)")
     assert generate.main(["--steps", "2", "--compile", "--compile-cache", str(tmp_path / "cc"),
                           "--out", str(tmp_path / "c.png")]) == 0
     text = capsys.readouterr().out
@@ -802,7 +808,9 @@ def test_bcg_line_reads_str_of_the_stats():
     generate = _load("generate")
     stats = BCGStats("FluxTransformer2DModel", False, hits=5, misses=2, captures=1, eager_calls=3, capture_time_s=0.5,
                      graph_memory_bytes=0, warmup_calls=2, failed_captures=1)
-    counts = _bcg_counts(generate.format_bcg_stats(stats, indent="    "))
+    from bcg_diffusion.cli.report import format_bcg_stats
+
+    counts = _bcg_counts(format_bcg_stats(stats, indent="    "))
     assert counts == {"keys": 0, "calls": 10, "replayed": 5, "first": 2, "eager": 3, "captures": 1, "failed": 1,
                       "misses": 2}
 
