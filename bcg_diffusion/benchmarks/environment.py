@@ -45,6 +45,10 @@ def environment(device, dtype, cuda: bool) -> dict[str, Any]:
 
 
 def git_commit() -> str | None:
+    """The checkout's short commit: ``BENCH_GIT_COMMIT`` where set (a copy without .git), else git's; ``None``
+    where neither says."""
+    if os.environ.get("BENCH_GIT_COMMIT"):
+        return os.environ["BENCH_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=REPO_ROOT, timeout=10)
