@@ -9,7 +9,7 @@ import argparse
 import logging
 from typing import Any, Callable
 
-from bcg_diffusion.cli.options import Failure
+from bcg_diffusion.toolkit.options import Failure
 
 from .adapters import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
 
@@ -52,7 +52,7 @@ def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
 
 def attach_adapters(pipe, specs: list[AdapterSpec], args, base_model: str, prog: str) -> AdapterBank | None:
     """Load the adapters into ``pipe``'s transformer (before BCG or compile touch it); ``None`` without any.
-    :class:`~bcg_diffusion.cli.options.Failure` (exit code 2) naming the adapter that cannot be served."""
+    :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot be served."""
     if not specs:
         return None
     try:

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from bcg_diffusion.cli.options import Failure
+from bcg_diffusion.toolkit.options import Failure
 
 from .listen import bind_socket
 from .replica_options import ReplicaOptions

@@ -15,7 +15,7 @@ import time
 from typing import Any, Sequence
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.options import Failure, choose_device, family_or_checkpoint
+from bcg_diffusion.toolkit.options import Failure, choose_device, family_or_checkpoint
 
 from . import server
 from .adapter_options import attach_adapters, warm_adapters

@@ -32,21 +32,21 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.choices import MAX_STEPS
-from bcg_diffusion.cli.generate_args import check_binning_flag
-from bcg_diffusion.cli.options import (
+from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.options import (
     Failure,
     add_model_options,
+    check_binning_flag,
     choose_device,
     command_name,
     family_or_checkpoint,
     offline_hint,
     quiet_known_messages,
 )
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile
 
 from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
-from .replica_options import ReplicaOptionsError, add_replica_arguments, replica_options_from_args  # no Ray
+from .replica_options import add_replica_arguments  # no Ray
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
@@ -447,15 +447,6 @@ def start(args, parser) -> int:
     return 0
 
 
-def start_replicas(args, parser, replicas) -> int:
-    """``--replicas N``: the same application as replicas on a local Ray Serve instance (:mod:`.ray_run`)."""
-    from .ray_run import missing_ray, run_replicas
-
-    if missing_ray():
-        parser.error(missing_ray())
-    return run_replicas(args, parser, replicas, announce)
-
-
 def configure_logging(level_name: str) -> None:
     """The server's own log (``serve`` and ``bcg_diffusion.serving``) at ``--log-level`` on stderr; the library's
     and the pipelines' at WARNING (their INFO lines repeat what the server prints: the build, the warm-up
@@ -466,29 +457,3 @@ def configure_logging(level_name: str) -> None:
     for name in ("bcg_diffusion", "bcg_pipelines"):
         logging.getLogger(name).setLevel(library)
     logging.getLogger("bcg_diffusion.serving").setLevel(level)
-
-
-def main(argv: list[str] | None = None) -> int:
-    quiet_known_messages()
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        if MISSING_SERVE_EXTRA:
-            parser.error(MISSING_SERVE_EXTRA)
-        configure_logging(args.log_level)
-        try:
-            replicas = replica_options_from_args(args)
-        except ReplicaOptionsError as exc:
-            parser.error(str(exc))
-        if replicas is not None:  # Ray Serve replicas: Ray is imported there only
-            return start_replicas(args, parser, replicas)
-        return start(args, parser)
-    except SystemExit as exc:  # --help (0) or a bad argument (2)
-        return int(exc.code or 0)
-    except Failure as failure:
-        print(failure, file=sys.stderr)
-        return failure.code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

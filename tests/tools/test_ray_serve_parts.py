@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from bcg_diffusion.serving import ray_run, server
+from bcg_diffusion.serving import ray_run, serve_command, server
 from bcg_diffusion.serving.replica_options import (
     ReplicaOptions,
     ReplicaOptionsError,
@@ -74,13 +74,13 @@ def test_replica_options_from_a_config_read_strings_and_refuse_unknown_keys():
 ])
 def test_serve_refuses_bad_replica_options_before_starting_ray(argv, needle, capsys, monkeypatch):
     monkeypatch.setattr("ray.init", lambda *a, **k: pytest.fail("Ray was started"), raising=False)
-    assert server.main(argv) == 2
+    assert serve_command.main(argv) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_serve_without_ray_says_what_to_install(capsys, monkeypatch):
     monkeypatch.setattr(ray_run.importlib.util, "find_spec", lambda name: None)
-    assert server.main(["--replicas", "2"]) == 2
+    assert serve_command.main(["--replicas", "2"]) == 2
     assert 'pip install -e ".[serve,ray]"' in capsys.readouterr().err
 
 

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.integration.fingerprint import WeightsFingerprint  # noqa: E402
-from bcg_diffusion.serving import server  # noqa: E402
+from bcg_diffusion.serving import serve_command, server  # noqa: E402
 from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters  # noqa: E402
 from bcg_diffusion.serving.adapters import AdapterBank, AdapterSpec  # noqa: E402
 from bcg_diffusion.serving.app import ServerState, create_app  # noqa: E402
@@ -186,7 +186,7 @@ def test_switching_adapters_keeps_the_weight_fingerprint(loras):
 
 # -- start-up failures ----------------------------------------------------------------------------------------
 def _serve(capsys, *argv) -> tuple[int, str, str]:
-    code = server.main(["--model", "flux", "--device", "cpu", "--steps", "2", "--port", "0", *argv])
+    code = serve_command.main(["--model", "flux", "--device", "cpu", "--steps", "2", "--port", "0", *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -223,7 +223,7 @@ def test_bad_lora_options_exit_2_before_building(capsys, argv, needle):
 
 
 def test_a_pipeline_without_lora_support_is_refused_by_name(loras, capsys):
-    code = server.main(["--model", "pixart", "--device", "cpu", "--steps", "2", "--port", "0",
+    code = serve_command.main(["--model", "pixart", "--device", "cpu", "--steps", "2", "--port", "0",
                         "--lora", f"anime={loras['anime']}"])
     err = capsys.readouterr().err
     assert code == 2 and "PixArtSigmaPipeline" in err and "takes no LoRA" in err, err

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.timed_run import RunResult, ran_size
 
-from .generate_args import Plan
-from .timed_run import RunResult, ran_size
+from .plan import Plan
 
 __all__ = ["SetUp", "fmt_ms", "fmt_size", "format_bcg_stats", "print_summary"]
 

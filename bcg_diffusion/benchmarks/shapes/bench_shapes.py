@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.options import quiet_known_messages
+from bcg_diffusion.toolkit.options import quiet_known_messages
 
-from .report import environment, output_base
-from .shapes import (
+from ..environment import environment, output_base
+from ..timing import Clock
+from .scenario import (
     DEFAULT_FAMILY, DEFAULT_MODES, DEFAULT_SHAPES, NO_CUDA_NOTE, SHAPE_MODES, ShapeSettings, markdown, parse_shapes,
     run_modes, shape_label, tiny_shapes, warm_up)
-from .timing import Clock
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,9 +18,9 @@ from typing import Any, Callable
 import torch
 
 import bcg_diffusion
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile, regional_compile_all
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile, regional_compile_all
 
-from .trees import clone_tree, copy_tree_, first_tensor, weight_sharing_copy
+from ..trees import clone_tree, copy_tree_, first_tensor, weight_sharing_copy
 
 # The inductor config of partition_ceiling: Inductor partitions its CUDA graphs at the attention custom ops.
 PARTITION_OPS = ["bcg::sdpa", "bcg::dispatch_attention"]

@@ -1,18 +1,13 @@
-"""The command line of ``bcg-generate`` (``python scripts/generate.py``): the parser, the arguments checked
-into a :class:`Plan` before anything is built, and :func:`main`, where the command starts.
+"""The arguments of ``bcg-generate`` checked into a :class:`Plan` before anything is built.
 
-:func:`main` parses the arguments before torch, diffusers or ``bcg_pipelines`` are imported (this module and
-what it imports at its top are light), so ``--help`` and a mistyped option answer at once; it then hands
-over to :mod:`.generate`, the run. Every check that can be made before the build runs in :func:`make_plan`
-and ends in ``parser.error`` (exit code 2) naming the first thing to fix. What only a loaded checkpoint can
-tell (its family, its transformer, whether its pipeline bins resolutions) is checked by :mod:`.generate`
-once it is loaded.
+Every check that can be made before the build runs in :func:`make_plan` and ends in ``parser.error`` (exit
+code 2) naming the first thing to fix. What only a loaded checkpoint can tell (its family, its transformer,
+whether its pipeline bins resolutions) is checked by :mod:`.run` once it is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 import re
@@ -20,118 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache_option import CACHE_HELP
-from .choices import CP_MODES, MAX_BATCH, MAX_SIDE_FACTOR, MAX_STEPS, MIN_MAX_SIDE, SIDE_LIMIT_RULE
-from .media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
-from .options import add_model_options, choose_device, command_name, family_or_checkpoint, quiet_known_messages
-from .quant_option import QUANT_HELP, QUANT_NAMES, device_problem, torchao_problem
+from bcg_diffusion.toolkit.cache_option import check_cache
+from bcg_diffusion.toolkit.cache_spec import CacheSpec
+from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
+from bcg_diffusion.toolkit.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
+from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
+from bcg_diffusion.toolkit.quant_option import device_problem, torchao_problem
+from bcg_diffusion.toolkit.sizes import max_side, parse_sizes
 
-__all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "SHAPE_KEYS", "Plan", "Ranks", "build_parser", "main", "make_plan",
-           "max_side", "negative_prompt_problem", "prog"]
+from .args import DEFAULT_OUT_DIR, GUIDANCE_LIMIT, SEED_LIMIT, SHAPE_KEYS, TORCHRUN_VARIABLES
 
-DEFAULT_MODEL = "flux"  # the tiny Flux pipeline builds and runs fastest on a CPU (a few seconds)
-DEFAULT_PROMPT = "a red fox resting in a snowy birch forest at golden hour, soft light, highly detailed"
-DEFAULT_OUT_DIR = Path("outputs")
-SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
-SHAPE_KEYS = ("height", "width", "num_frames")  # the call settings bcg_diffusion.warmup takes per shape
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-GUIDANCE_LIMIT = 1e4  # --guidance in 0 .. GUIDANCE_LIMIT, as serve.py's guidance_scale
-#: NCCL's NVLink multicast (NVLS) stays off wherever this program starts; set only where the user has not.
-NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command: parse (``--help`` and option typos answer before torch is imported), then run
-    (:func:`bcg_diffusion.cli.generate.run_command`). Returns the exit code."""
-    keep_nvlink_multicast_off()
-    quiet_known_messages()
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad argument (2)
-        return int(exc.code or 0)
-    from . import generate  # torch, diffusers and the pipelines: only once there is something to run
-
-    return generate.run_command(args, parser)
-
-
-def keep_nvlink_multicast_off() -> None:
-    """NCCL's NVLink multicast off (docs/multi-gpu.md, "NVLink multicast must stay off"): each variable is set
-    where the user has not set it."""
-    for name, value in NVLINK_MULTICAST_OFF.items():
-        os.environ.setdefault(name, value)
-
-
-def prog() -> str:
-    """The command's name in usage and error lines: ``bcg-generate`` when run as that, else ``generate.py``."""
-    return command_name("generate.py", "bcg-generate")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog(),
-        description="Generate an image or video with a diffusers DiT pipeline, eagerly or with breakable CUDA "
-        "graphs (BCG). With no arguments: the tiny random-weight Flux pipeline, a few seconds on a CPU.",
-        epilog="See docs/generate.md for examples.",
-    )
-    add_model_options(p, DEFAULT_MODEL, list_models=True)
-    g = p.add_argument_group("generation")
-    g.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt")
-    g.add_argument("--negative-prompt", default=None,
-                   help="negative prompt, for runs with classifier-free guidance (a run whose pipeline would ignore it "
-                   "exits with code 2 saying why)")
-    g.add_argument("--height", type=int, default=None,
-                   help=f"image height in pixels (default: the family's for --size). The limit is {SIDE_LIMIT_RULE} "
-                   "(--list-models prints each family's)")
-    g.add_argument("--width", type=int, default=None, help="image width in pixels (default and limit: as --height)")
-    g.add_argument("--frames", type=int, default=None, help="number of frames (video families only)")
-    g.add_argument("--steps", type=int, default=None,
-                   help=f"denoising steps, 1 .. {MAX_STEPS} (default: the family's)")
-    g.add_argument("--guidance", type=float, default=None,
-                   help=f"guidance scale, 0 .. {GUIDANCE_LIMIT:.0f} (default: the family's)")
-    g.add_argument("--seed", type=int, default=0, help="random seed of the initial noise, 0 <= seed < 2**64 (default: 0)")
-    g.add_argument("--batch", type=int, default=1, help=f"images or videos per prompt, 1 .. {MAX_BATCH} (default: 1)")
-    g.add_argument("--no-resolution-binning", action="store_true",
-                   help="run the asked height x width as it is (use_resolution_binning=False). By default pipelines "
-                   "that bin (PixArt, Sana) run the nearest of the model's aspect-ratio bins and resize the result "
-                   "to the asked size; the summary says when that happened")
-    g = p.add_argument_group("speed")
-    g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
-    g.add_argument("--debug-cuda-graph", action="store_true",
-                   help="BCG with every segment run eagerly (BCGConfig(debug=True)); implies --bcg")
-    g.add_argument("--compile", action="store_true",
-                   help="regional torch.compile of the transformer's repeated blocks (combines with --bcg)")
-    g.add_argument("--attention-backend", default=None, metavar="NAME",
-                   help="diffusers attention backend, e.g. native, flash, _native_cudnn (set_attention_backend)")
-    g.add_argument("--cache", default=None, metavar="SPEC",
-                   help=f"a diffusers step cache on the transformer: {CACHE_HELP}; each run prints the module passes "
-                   "the cache computed and reused")
-    g.add_argument("--quant", choices=QUANT_NAMES, default=None,
-                   help=f"torchao quantization of the transformer, applied right after the build: {QUANT_HELP} "
-                   "(needs torchao: pip install -e \".[quant]\")")
-    g.add_argument("--compare", action="store_true",
-                   help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
-                   "and whether the outputs are bitwise identical")
-    g.add_argument("--warmup", nargs="?", const="", default=None, metavar="WxH[,WxH...]",
-                   help="before each timed run, bcg_diffusion.warmup(pipe, shapes, ...) with the run's other call "
-                   "settings: with no value the run's own size, else these sizes (width x height, as the OpenAI images "
-                   "API; WxHxFRAMES for videos). The output is the same with and without it")
-    g.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
-                   help="with --compile: keep torch's compile artifacts in DIR (bcg_diffusion.use_compile_cache) so "
-                   "that a later process loads them instead of compiling again")
-    g = p.add_argument_group("several GPUs")
-    g.add_argument("--cp", choices=CP_MODES, default=None,
-                   help="diffusers context parallelism over the GPUs of a torchrun launch (torchrun --nproc_per_node N "
-                   "scripts/generate.py --cp ulysses ...): ulysses_degree=N or ring_degree=N. Rank 0 writes the output "
-                   "and prints the summary")
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default=None,
-                   help="output file: .png/.jpg/.webp for images, .mp4 or .gif for videos. MP4 needs imageio + "
-                   "imageio-ffmpeg (pip install -e \".[video]\") or opencv; without them x.mp4 is written as the GIF "
-                   "x.gif, and the command says so before it starts. A missing folder is created (the command says "
-                   "so). Default: outputs/<model>_<size>_seed<seed>.png (.mp4 or .gif for videos)")
-    g.add_argument("--fps", type=int, default=16, help="frames per second of a saved video (default: 16)")
-    return p
+__all__ = ["Plan", "Ranks", "make_plan", "negative_prompt_problem"]
 
 
 @dataclass(frozen=True)
@@ -143,13 +37,12 @@ class Ranks:
     world_size: int
     local_rank: int
 
-
 @dataclass
 class Plan:
     """What to build and how to call it, after validation.
 
     ``warmup`` is ``None`` without ``--warmup``, else the shapes to warm (``bcg_diffusion.warmup``'s
-    dicts); ``ranks`` is set under ``--cp``.
+    dicts); ``ranks`` is set under ``--cp``; ``cache`` under ``--cache``.
     """
 
     model: str
@@ -164,6 +57,7 @@ class Plan:
     use_bcg: bool
     warmup: list[dict[str, int]] | None = None
     ranks: Ranks | None = None
+    cache: CacheSpec | None = None  # --cache, read once
     notes: list[str] = field(default_factory=list)  # said before the build (the file --out becomes, a new folder)
 
     @property
@@ -177,7 +71,6 @@ class Plan:
     @property
     def error_prefix(self) -> str:
         return "" if self.ranks is None else f"[rank {self.ranks.rank}] "
-
 
 def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     """Validate the arguments (``parser.error`` -> exit 2) and work out the pipeline call, before any work."""
@@ -204,11 +97,10 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
         if args.compile_cache.exists() and not args.compile_cache.is_dir():
             parser.error(f"--compile-cache {str(args.compile_cache)!r} is a file; give a folder (it is created if "
                          "missing)")
+    cache = None
     if args.cache is not None:
-        from .cache_option import check_cache_option
-
         try:  # a checkpoint's family is known after loading: checked again then
-            check_cache_option(args.cache, spec.name if spec is not None else None)
+            cache = check_cache(args.cache, spec.name if spec is not None else None)
         except ValueError as exc:
             parser.error(f"--cache: {exc}")
     if args.quant is not None and (problem := torchao_problem() or device_problem(args.quant, device)):
@@ -234,8 +126,7 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     if args.warmup is not None:
         warmup = parse_warmup_sizes(args.warmup, spec, model_size, call, is_video, parser)
     return Plan(args.model, spec, spec is not None, model_size, device, dtype, call, out, is_video, use_bcg, warmup, ranks,
-                notes)
-
+                cache, notes)
 
 def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     """``parser.error`` (exit 2) for numbers out of range and attention backends that are unknown or cannot run
@@ -257,7 +148,7 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     if not 0 <= args.seed < SEED_LIMIT:
         parser.error(f"--seed must be in 0 .. 2**64 - 1 (got {args.seed})")
     if args.attention_backend is not None:
-        from .speedups import attention_backend_names, attention_backend_problem  # diffusers
+        from bcg_diffusion.toolkit.speedups import attention_backend_names, attention_backend_problem  # diffusers
 
         name = args.attention_backend.lower()
         if name not in attention_backend_names():
@@ -266,7 +157,6 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
         problem = attention_backend_problem(name)
         if problem:
             parser.error(f"--attention-backend {args.attention_backend}: {problem}")
-
 
 def not_utf8(text: str | None) -> str | None:
     """Where ``text`` (an argument as Python decoded it) cannot be UTF-8, or ``None``: bytes that were not UTF-8
@@ -280,7 +170,6 @@ def not_utf8(text: str | None) -> str | None:
         what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
         return f"{what} at character {exc.start}"
     return None
-
 
 def negative_prompt_problem(pipe_or_family, call: dict[str, Any], name: str, guidance_kwarg: str) -> str | None:
     """Why ``--negative-prompt`` would have no effect on this pipeline (a family, or a loaded checkpoint named
@@ -300,17 +189,6 @@ def negative_prompt_problem(pipe_or_family, call: dict[str, Any], name: str, gui
         todo = "leave --negative-prompt out"
     return f"--negative-prompt has no effect on {name}: {ignored.reason}; {todo}"
 
-
-def max_side(spec) -> int:
-    """The largest ``--height``/``--width`` for a family (``None``: a checkpoint of no known family):
-    :data:`~.choices.MAX_SIDE_FACTOR` x the largest side of its published size, at least
-    :data:`~.choices.MIN_MAX_SIDE`, a multiple of its pixel granularity."""
-    if spec is None:
-        return MIN_MAX_SIDE
-    largest = MAX_SIDE_FACTOR * max(spec.full.height, spec.full.width)
-    return max(MIN_MAX_SIDE, largest - largest % spec.spatial_multiple)
-
-
 def check_sides(args, spec, parser: argparse.ArgumentParser) -> None:
     """``--height``/``--width`` above :func:`max_side`: ``parser.error`` (such a run would take hours and tens of
     GiB, and the models were trained far below it)."""
@@ -321,7 +199,6 @@ def check_sides(args, spec, parser: argparse.ArgumentParser) -> None:
             parser.error(f"--{name} {value} is above the limit of {limit} px for "
                          f"{spec.name if spec is not None else 'a checkpoint'} ({SIDE_LIMIT_RULE}; --list-models "
                          "prints each family's)")
-
 
 def torchrun_ranks(mode: str, parser: argparse.ArgumentParser) -> Ranks:
     """``--cp``: this process's rank from torchrun's variables (``parser.error`` without them or with one rank)."""
@@ -341,14 +218,13 @@ def torchrun_ranks(mode: str, parser: argparse.ArgumentParser) -> Ranks:
                      f"launch N >= 2 processes, one per GPU: {launch}")
     return Ranks(mode, rank, world, local)
 
-
 def check_cp_plan(spec, mode: str, parser: argparse.ArgumentParser) -> None:
     """``--cp`` on a family whose transformer diffusers cannot split: ``parser.error`` naming the ones it can."""
     import diffusers
 
     import bcg_pipelines as pipelines
 
-    from .speedups import has_cp_plan
+    from bcg_diffusion.toolkit.speedups import has_cp_plan
 
     def splittable(family) -> bool:
         return has_cp_plan(getattr(diffusers, family.transformer_class_name))
@@ -357,7 +233,6 @@ def check_cp_plan(spec, mode: str, parser: argparse.ArgumentParser) -> None:
         can = [name for name in pipelines.list_families() if splittable(pipelines.get_family(name))]
         parser.error(f"--cp {mode}: {spec.transformer_class_name} ({spec.name}) has no _cp_plan, so diffusers cannot "
                      f"split it over GPUs; families that have one: {', '.join(can)}")
-
 
 def cp_device(ranks: Ranks, args, parser: argparse.ArgumentParser):
     """``cuda:LOCAL_RANK``, after checking that there is such a GPU and no other ``--device`` was asked for."""
@@ -370,17 +245,6 @@ def cp_device(ranks: Ranks, args, parser: argparse.ArgumentParser):
         parser.error(f"--cp {ranks.mode}: LOCAL_RANK {ranks.local_rank}, but torch sees only "
                      f"{torch.cuda.device_count()} CUDA device(s); use --nproc_per_node <= the number of GPUs")
     return torch.device("cuda", ranks.local_rank)
-
-
-def check_binning_flag(spec, parser: argparse.ArgumentParser) -> None:
-    """``--no-resolution-binning`` on a family whose pipeline does not bin: ``parser.error``."""
-    import diffusers
-
-    pipeline_class = getattr(diffusers, spec.pipeline_class_name)
-    if "use_resolution_binning" not in inspect.signature(pipeline_class.__call__).parameters:
-        parser.error(f"--no-resolution-binning: {spec.pipeline_class_name} does not bin resolutions (its __call__ "
-                     "takes no use_resolution_binning), so it already runs the asked size; leave the flag out")
-
 
 def output_path(args, parser, model_name: str, model_size: str, is_video: bool) -> tuple[Path, list[str]]:
     """``--out`` checked for its suffix and that it can be written (or the default path), and the notes to print
@@ -410,7 +274,6 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
                      "written")
     return out, notes
 
-
 def check_full_size_on_cpu(spec, dtype, parser: argparse.ArgumentParser) -> None:
     """``parser.error`` with the memory a full-size build needs (from the family's parameter counts)."""
     import torch
@@ -424,7 +287,6 @@ def check_full_size_on_cpu(spec, dtype, parser: argparse.ArgumentParser) -> None
                  f"{gib:.0f} GiB of memory in {pipelines.dtype_name(dtype)} for the weights alone (VAE and "
                  "activations on top), and minutes per step. Pass --yes to build it anyway.")
 
-
 def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], is_video: bool,
                        parser: argparse.ArgumentParser) -> list[dict[str, int]]:
     """``--warmup`` as ``bcg_diffusion.warmup`` shapes: ``""`` is the run's own size; else ``WxH[xF],...``
@@ -437,24 +299,24 @@ def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], i
             parser.error("--warmup without sizes warms the run's own size, which this checkpoint leaves to its "
                          "pipeline; give --height and --width, or sizes such as --warmup 1024x1024")
         return [own]
+    try:
+        sizes = parse_sizes(text)
+    except ValueError as exc:
+        parser.error(f"--warmup {text!r}: {exc}")
     shapes = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)x(\d+)(?:x(\d+))?\s*", part)
-        if m is None:
-            parser.error(f"--warmup {text!r}: cannot read {part!r}; give sizes as WxH (width x height), e.g. "
-                         "512x512,1344x768, or WxHxFRAMES for a video family")
-        width, height = int(m[1]), int(m[2])
+    for size in sizes:
+        width, height = size.width, size.height
         if max(width, height) > max_side(spec):
-            parser.error(f"--warmup {part.strip()}: above the limit of {max_side(spec)} px per side")
-        frames = int(m[3]) if m[3] else call.get("num_frames")
-        if m[3] and not is_video:
-            parser.error(f"--warmup {part.strip()}: {spec.name if spec else 'this model'} makes images; give WxH")
+            parser.error(f"--warmup {size.text}: above the limit of {max_side(spec)} px per side")
+        frames = size.frames if size.frames else call.get("num_frames")
+        if size.frames and not is_video:
+            parser.error(f"--warmup {size.text}: {spec.name if spec else 'this model'} makes images; give WxH")
         if spec is None:
             shape = {"height": height, "width": width, **({"num_frames": frames} if frames else {})}
         else:
             try:
                 shape = pipelines.check_call(spec, height, width, frames, size=model_size)
             except ValueError as exc:
-                parser.error(f"--warmup {part.strip()}: {exc}")
+                parser.error(f"--warmup {size.text}: {exc}")
         shapes.append(shape)
     return shapes

@@ -22,14 +22,14 @@ import torch
 
 import bcg_pipelines as pipelines
 
+from ..timing import Clock, auto_iters, profile_kernels, summarize
+from ..trees import clone_tree, describe_tree
 from .cases import VARIANTS, Case
 from .modes import (
     COMPILED, DEFAULT_MODES, EXCLUSIVE_MODES, MODE_REGISTRY, ModeUnavailable, Runner, StepContext, bcg_stats_dict)
 from .parallel import Ranks, combine_ranks, prepare_module
 from .report import case_ratios
 from .rows import ROW_REGISTRY
-from .timing import Clock, auto_iters, profile_kernels, summarize
-from .trees import clone_tree, describe_tree
 
 PROMPT = "a lighthouse on a rocky coast at dusk, waves crashing, dramatic sky"
 
@@ -45,7 +45,7 @@ class Settings:
     rows: bool | None  # whole-pipeline rows: None means each case's own setting
     e2e_steps: int | None
     bcg_options: dict[str, Any]
-    cache_rows: tuple[str, ...] = ()  # --cache-rows: the step caches of the cache row (empty: no cache row)
+    cache_rows: tuple = ()  # --cache-rows: the step caches (CacheSpec, or their text) of the cache row (empty: none)
     cache_compile: bool = False  # --cache-compile: the cache row also runs regional compile + cache
     setup_timeout: float | None = None  # --setup-timeout: seconds a mode's set-up may take (None: no limit)
     first_image: tuple[str, ...] = ()  # --first-image: the modes of the first-image row (empty: no such row)

@@ -9,7 +9,7 @@ import torch
 
 import bcg_pipelines as pipelines
 
-from .timing import Clock
+from ..timing import Clock
 
 
 class SeededImages:

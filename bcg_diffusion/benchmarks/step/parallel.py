@@ -21,7 +21,7 @@ from typing import Any, Mapping, MutableMapping
 
 import torch
 
-from bcg_diffusion.cli.speedups import enable_context_parallel, set_attention_backend
+from bcg_diffusion.toolkit.speedups import enable_context_parallel, set_attention_backend
 
 #: NVLink multicast off wherever a program starts (docs/multi-gpu.md), unless the user set the variable.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -8,6 +8,7 @@ checks that need them, after the arguments are parsed.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -143,6 +144,16 @@ def offline_hint(model: str, exc: BaseException) -> str | None:
     reason = "the Hub is offline (HF_HUB_OFFLINE is set)" if hub_offline() else "the Hub could not be reached"
     return (f"could not load {model}: it is not a local folder, not in the local Hugging Face cache, and {reason}. "
             f"{download_hint(model)}")
+
+
+def check_binning_flag(spec, parser: argparse.ArgumentParser) -> None:
+    """``--no-resolution-binning`` on a family whose pipeline does not bin: ``parser.error``."""
+    import diffusers
+
+    pipeline_class = getattr(diffusers, spec.pipeline_class_name)
+    if "use_resolution_binning" not in inspect.signature(pipeline_class.__call__).parameters:
+        parser.error(f"--no-resolution-binning: {spec.pipeline_class_name} does not bin resolutions (its __call__ "
+                     "takes no use_resolution_binning), so it already runs the asked size; leave the flag out")
 
 
 def choose_device(args, parser: argparse.ArgumentParser):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.quant_option import QUANT_NAMES, apply_quant, torchao_problem
+from bcg_diffusion.toolkit.quant_option import QUANT_NAMES, apply_quant, torchao_problem
 
 from .modes import DEFAULT_MODES
 
@@ -52,7 +52,7 @@ QUICK_MATRIX = (
 )
 
 class QuantVariant:
-    """``@fp8`` and its siblings: the transformer quantized with torchao (:mod:`bcg_diffusion.cli.quant_option`) right after the
+    """``@fp8`` and its siblings: the transformer quantized with torchao (:mod:`bcg_diffusion.toolkit.quant_option`) right after the
     build, the same quantization in every mode of the case."""
 
     def __init__(self, name: str):

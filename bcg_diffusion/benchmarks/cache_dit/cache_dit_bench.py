@@ -3,7 +3,7 @@ compile + cache-dit, compile + BCG + cache-dit, side by side in one process on o
 cache-dit's cached-step count beside each time and every BCG output checked bitwise against its
 un-accelerated mode.
 
-    python -m bcg_diffusion.benchmarks.cache_dit_bench --case flux:full:512x512:28 --compile --out r.json
+    python -m bcg_diffusion.benchmarks.cache_dit.cache_dit_bench --case flux:full:512x512:28 --compile --out r.json
     (or scripts/bench_cache_dit.py)
 
 A case is ``FAMILY:SIZE:WxH[xFRAMES]:STEPS``; several cases of one family (``--case`` repeated) share

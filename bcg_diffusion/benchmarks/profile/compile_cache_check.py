@@ -21,7 +21,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.speedups import regional_compile
+from bcg_diffusion.toolkit.speedups import regional_compile
 
 from .capture_profile import image_call, transformer_inputs
 

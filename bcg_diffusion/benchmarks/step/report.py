@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
-import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import diffusers
-import torch
-import transformers
-
-import bcg_diffusion
-import bcg_pipelines as pipelines
-
+from ..environment import SUFFIXES
+from ..timing import AUTO_ROUND_S, DEFAULT_ITERS, MIN_AUTO_ITERS
 from .chart import CHART_NEEDS_MATPLOTLIB, plot_report
 from .modes import MODE_REGISTRY
 from .rows import ROW_REGISTRY
-from .timing import AUTO_ROUND_S, DEFAULT_ITERS, MIN_AUTO_ITERS
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SUFFIXES = (".json", ".md", ".png")
 # Ratios of median step times reported per case where both modes ran: (numerator, denominator).
 RATIOS = (
     ("bcg", "whole_graph"),
@@ -50,47 +38,6 @@ def case_ratios(modes: dict[str, dict[str, Any]]) -> dict[str, float]:
         if ma and mb:
             out[f"{a}/{b}"] = ma / mb
     return out
-
-
-def environment(device, dtype, cuda: bool) -> dict[str, Any]:
-    """Versions, GPU and commit of this run; ``BENCH_GIT_COMMIT`` names the commit of a copy without .git."""
-    env: dict[str, Any] = {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "gpu": torch.cuda.get_device_name(device) if cuda else None,
-        "device": str(device),
-        "dtype": pipelines.dtype_name(dtype),
-        "cpu_count": os.cpu_count(),
-        "diffusers": diffusers.__version__,
-        "transformers": transformers.__version__,
-        "bcg_diffusion": bcg_diffusion.__version__,
-    }
-    env["git_commit"] = os.environ.get("BENCH_GIT_COMMIT") or _git_commit()
-    return env
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=REPO_ROOT, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def output_base(out_dir: Path, prefix: str = "bench_step") -> Path:
-    """A fresh ``out_dir/<prefix>_<date>_<time>[_N]`` (no result file of that name exists yet)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{prefix}_{_dt.datetime.now().strftime('%Y-%m-%d_%H%M%S')}"
-    base, n = out_dir / stem, 1
-    while any(base.with_suffix(s).exists() for s in SUFFIXES):
-        n += 1
-        base = out_dir / f"{stem}_{n}"
-    return base
 
 
 def write_report(report: dict[str, Any], base: Path, chart: bool, log=None, markdown=None) -> list[Path]:

@@ -4,7 +4,7 @@ For each case (family, size, shape, batch) it builds the pipeline with random we
 of the first transformer call of one real denoising step, and times ``transformer(**those inputs)`` in
 every mode, in one process, interleaved in rounds so that drift hits all modes alike. Default modes: eager,
 bcg, whole_graph, compile, compile_bcg, reduce_overhead; more with --modes (bcg_break, compile_bcg_break,
-compile_bcg_dynamic, compile_full_bcg, partition_ceiling; :mod:`bcg_diffusion.benchmarks.modes`; docs/benchmarks.md).
+compile_bcg_dynamic, compile_full_bcg, partition_ceiling; :mod:`bcg_diffusion.benchmarks.step.modes`; docs/benchmarks.md).
 Case variants ``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8`` quantize the transformer; ``--cache-rows`` adds
 step caches end to end; ``--first-image`` the time to the first image per mode. ``--processes K`` repeats
 the whole run in K fresh processes and reports each ratio's median, spread and verdict. A case ending in
@@ -23,25 +23,26 @@ from pathlib import Path
 import torch
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.benchmarks import parallel, processes
-from bcg_diffusion.benchmarks.across import across_markdown, combine_processes
-from bcg_diffusion.benchmarks.cases import (
-    DEFAULT_CASES, DEFAULT_MATRIX, QUICK_MATRIX, matrix_entries, parse_case, parse_shard, select_cases, shard_cases)
-from bcg_diffusion.benchmarks.chart import CHART_NEEDS_MATPLOTLIB
 from bcg_diffusion.benchmarks.compile_cache_dirs import open_process_cache
-from bcg_diffusion.benchmarks.first_image import (
+from bcg_diffusion.benchmarks.environment import environment, output_base
+from bcg_diffusion.benchmarks.step import parallel, processes
+from bcg_diffusion.benchmarks.step.across import across_markdown, combine_processes
+from bcg_diffusion.benchmarks.step.cases import (
+    DEFAULT_CASES, DEFAULT_MATRIX, QUICK_MATRIX, matrix_entries, parse_case, parse_shard, select_cases, shard_cases)
+from bcg_diffusion.benchmarks.step.chart import CHART_NEEDS_MATPLOTLIB
+from bcg_diffusion.benchmarks.step.first_image import (
     DEFAULT_FIRST_IMAGE_MODES, FIRST_IMAGE_MODES, parse_first_image_modes)
-from bcg_diffusion.benchmarks.measure import Settings, run_cases
-from bcg_diffusion.benchmarks.merge import merge_reports
-from bcg_diffusion.benchmarks.modes import CUDA_ONLY, DEFAULT_MODES, MODE_REGISTRY, MODES
-from bcg_diffusion.benchmarks.report import environment, output_base, write_report
+from bcg_diffusion.benchmarks.step.measure import Settings, run_cases
+from bcg_diffusion.benchmarks.step.merge import merge_reports
+from bcg_diffusion.benchmarks.step.modes import CUDA_ONLY, DEFAULT_MODES, MODE_REGISTRY, MODES
+from bcg_diffusion.benchmarks.step.report import write_report
 from bcg_diffusion.benchmarks.timing import (
     AUTO_ROUND_S, DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP, MIN_AUTO_ITERS, Clock, auto_iters)
-from bcg_diffusion.cli.cache_option import CACHE_HELP, parse_cache
-from bcg_diffusion.cli.options import quiet_known_messages
+from bcg_diffusion.toolkit.cache_spec import CACHE_HELP, CacheSpec
+from bcg_diffusion.toolkit.options import quiet_known_messages
 
 #: What the ``--processes`` children run: this file itself (``python <file> ...``, or torchrun of it), which
-#: is why this module imports absolutely (it runs as a file as well as ``bcg_diffusion.benchmarks.bench_step``).
+#: is why this module imports absolutely (it runs as a file as well as ``bcg_diffusion.benchmarks.step.bench_step``).
 SCRIPT = Path(__file__).resolve()
 
 # The command, and the names of its parts it re-exports for readers and tests.
@@ -162,12 +163,11 @@ def check_options(opts, parser: argparse.ArgumentParser) -> list[str] | None:
             processes.parse_process_index(opts.process_index)
     except ValueError as exc:
         parser.error(str(exc))
-    for spec in cache_specs(opts):
-        try:
-            parse_cache(spec)
-        except ValueError as exc:
-            parser.error(f"--cache-rows: {exc}")
-    if opts.cache_rows is not None and not cache_specs(opts):
+    try:
+        opts.cache_specs = cache_specs(opts.cache_rows)  # read once: CacheSpec values from here on
+    except ValueError as exc:
+        parser.error(f"--cache-rows: {exc}")
+    if opts.cache_rows is not None and not opts.cache_specs:
         parser.error(f"--cache-rows {opts.cache_rows!r} names no cache; give e.g. fbc:0.5,taylorseer:2")
     if not opts.modes:
         return None
@@ -180,8 +180,9 @@ def check_options(opts, parser: argparse.ArgumentParser) -> list[str] | None:
     return modes
 
 
-def cache_specs(opts) -> tuple[str, ...]:
-    return tuple(t.strip() for t in (opts.cache_rows or "").split(",") if t.strip())
+def cache_specs(text: str | None) -> tuple[CacheSpec, ...]:
+    """``--cache-rows fbc:0.5,taylorseer:2`` as :class:`CacheSpec` values; ``ValueError`` for one that is not."""
+    return tuple(CacheSpec.parse(t.strip()) for t in (text or "").split(",") if t.strip())
 
 
 def choose_cases(opts, parser: argparse.ArgumentParser, cuda: bool):
@@ -204,7 +205,7 @@ def first_image_modes(opts) -> tuple[str, ...]:
 def new_report(opts, argv, device, dtype, cuda: bool, skipped) -> dict:
     settings = {"iters": opts.iters, "rounds": opts.rounds, "warmup": opts.warmup, "e2e": opts.e2e,
                 "e2e_steps": opts.e2e_steps, "first_image": list(first_image_modes(opts)),
-                "cache_rows": list(cache_specs(opts)),
+                "cache_rows": [spec.text for spec in opts.cache_specs],
                 "cache_compile": opts.cache_compile, "seed": opts.seed, "quick": opts.quick, "shard": opts.shard,
                 "time_budget_s": opts.time_budget, "setup_timeout_s": opts.setup_timeout,
                 "bcg_config_of_step_modes": {"check_weights": opts.check_weights},
@@ -312,7 +313,7 @@ def measure_run(opts, argv, cases, skipped, mode_override, cuda: bool, ranks) ->
             + (f", process {opts.process_index}" if opts.process_index else ""))
         base = output_base(opts.out_dir) if ranks.is_main else None
         settings = Settings(opts.iters, opts.rounds, opts.warmup, opts.seed, opts.e2e, opts.e2e_steps,
-                            {"check_weights": opts.check_weights}, cache_specs(opts), opts.cache_compile,
+                            {"check_weights": opts.check_weights}, opts.cache_specs, opts.cache_compile,
                             opts.setup_timeout, first_image_modes(opts), compile_cache)
         run_cases(cases, mode_override, settings, device, dtype, Clock(cuda), log, report, opts.time_budget,
                   lambda: ranks.is_main and write_report(report, base, chart=False), ranks)

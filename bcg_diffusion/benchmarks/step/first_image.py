@@ -33,15 +33,15 @@ import numpy as np
 import torch
 
 import bcg_diffusion
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile, regional_compile_all
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile, regional_compile_all
 
-from .compile_cache_dirs import mode_cache
+from ..compile_cache_dirs import mode_cache
+from ..probe import CallTimer, first_step_summary, step_times
+from ..timing import Clock
+from ..trees import weight_sharing_copy
 from .e2e_row import asked_size
-from .probe import CallTimer, first_step_summary, step_times
 from .row_base import Row, fmt, yes_no
 from .seeded_images import SeededImages
-from .timing import Clock
-from .trees import weight_sharing_copy
 
 SHAPE_KEYS = ("height", "width", "num_frames")
 STATS_FIELDS = ("captures", "capture_time_s", "graph_memory_bytes", "hits", "misses", "eager_calls")

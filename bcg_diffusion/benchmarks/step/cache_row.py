@@ -1,6 +1,6 @@
 """The ``cache`` row: diffusers step caches end to end (full ``pipe(...)`` calls), with and without BCG.
 
-For each spec of ``--cache-rows`` (``fbc:0.5``, ``taylorseer:2``, ...; see :mod:`bcg_diffusion.cli.cache_option`), on the
+For each spec of ``--cache-rows`` (``fbc:0.5``, ``taylorseer:2``, ...; see :mod:`bcg_diffusion.toolkit.cache_option`), on the
 case's pipeline and in this order:
 
 1. eager + cache (timed);
@@ -13,7 +13,7 @@ case's pipeline and in this order:
 
 Every timed call starts from a fresh cache state and counts the module passes the cache computed and
 reused (``bcg_diffusion.step_caches.count_cache_passes``). A spec that cannot run on the family (see
-``bcg_diffusion.cli.cache_option.CACHE_FAMILIES``) is reported ``n/a`` with the reason. Afterwards the cache is disabled
+``bcg_diffusion.toolkit.cache_option.CACHE_FAMILIES``) is reported ``n/a`` with the reason. Afterwards the cache is disabled
 and the acceleration removed, so later rows and cases are unaffected.
 """
 
@@ -26,14 +26,14 @@ import numpy as np
 import torch
 
 import bcg_diffusion
-from bcg_diffusion.cli.cache_option import (
-    apply_cache, cache_passes, cache_unsupported_reason, disable_cache, reset_cache_state)
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
+from bcg_diffusion.toolkit.cache_option import (
+    CacheSpec, apply_cache, cache_passes, cache_unsupported_reason, disable_cache, reset_cache_state)
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile
 
+from ..timing import Clock
+from ..trees import weight_sharing_copy
 from .row_base import Row, fmt, yes_no
 from .seeded_images import SeededImages
-from .timing import Clock
-from .trees import weight_sharing_copy
 
 STATS_FIELDS = ("captures", "capture_time_s", "graph_memory_bytes", "hooked_module_calls", "hooked_module_computed",
                 "hooked_module_reused", "structure_changes", "eager_calls")
@@ -92,7 +92,7 @@ def _bcg_with_and_without_cache(calls: _Calls, entry: dict[str, Any], ref: np.nd
     log(f"    cache {entry['spec']}: bcg alone (second call) {entry['bcg_alone_second_s']:.2f} s")
 
 
-def _compile_with_cache(calls: _Calls, spec: str, family: str, steps: int, ref: np.ndarray, log) -> dict[str, Any]:
+def _compile_with_cache(calls: _Calls, spec: CacheSpec | str, family: str, steps: int, ref: np.ndarray, log) -> dict[str, Any]:
     """Step 4: regional compile of a weight-sharing copy (swapped into the pipeline) with the same cache, no BCG."""
     if not calls.clock.cuda:
         return {"status": "n/a", "reason": "needs CUDA"}
@@ -124,9 +124,9 @@ def _passes_text(p: dict[str, int] | None) -> str:
     return "-" if not p else f"{p['computed']} computed, {p['reused']} reused of {p['calls']}"
 
 
-def run_spec(calls: _Calls, spec: str, family: str, steps: int, settings, log) -> dict[str, Any]:
+def run_spec(calls: _Calls, spec: CacheSpec | str, family: str, steps: int, settings, log) -> dict[str, Any]:
     """One step cache on the case's pipeline (steps 1-4 of the module docstring)."""
-    entry: dict[str, Any] = {"spec": spec}
+    entry: dict[str, Any] = {"spec": str(spec)}
     reason = cache_unsupported_reason(spec, family)
     if reason:
         entry.update(status="n/a", reason=reason)

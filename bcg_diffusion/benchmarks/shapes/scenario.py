@@ -26,12 +26,12 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile
 
-from .compile_cache_dirs import ENV_KEYS, point_inductor_at
-from .probe import CallTimer
-from .timing import Clock
-from .trees import weight_sharing_copy
+from ..compile_cache_dirs import ENV_KEYS, point_inductor_at
+from ..probe import CallTimer
+from ..timing import Clock
+from ..trees import weight_sharing_copy
 
 PROMPT = "a lighthouse on a rocky coast at dusk, waves crashing, dramatic sky"
 # Five image sizes between 512 and 1024 px, square and not, multiples of 16 (PixArt, SD3, Flux, Sana, ...).

@@ -12,11 +12,11 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.speedups import quiet_library_warnings
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings
 
-from .probe import CallTimer
+from ..probe import CallTimer
+from ..timing import Clock
 from .row_base import Row, fmt, yes_no
-from .timing import Clock
 
 E2E_STATS_FIELDS = ("hits", "misses", "captures", "capture_time_s", "graph_memory_bytes")
 

@@ -31,8 +31,6 @@ import dataclasses
 import gc
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 import traceback
@@ -46,12 +44,12 @@ import bcg_diffusion
 from bcg_diffusion.core import reset_generator_capture_state
 from bcg_pipelines.zoo import full
 
-from .timing import Clock, profile_kernels, summarize
+from ..environment import git_commit
+from ..timing import Clock, profile_kernels, summarize
 from .zoo_probe import compare, entry_summary, listening, snapshot, stats_dict
 
 DEFAULT_OUT = Path("bench_results")
 DEFAULT_CASES = ",".join(full.FULL_CASES)
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for its git commit
 
 
 @dataclass
@@ -471,17 +469,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _git_commit() -> str | None:
-    if os.environ.get("BENCH_GIT_COMMIT"):
-        return os.environ["BENCH_GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     specs = parse_cases(args.cases)
@@ -500,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__, "diffusers": diffusers.__version__, "bcg_diffusion": bcg_diffusion.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M"), "git_commit": _git_commit(), "size": args.size,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "git_commit": git_commit(), "size": args.size,
         "total": len(specs), "iters": args.iters, "mode_seconds": args.mode_seconds, "warmup": args.warmup,
         "check_weights": args.check_weights, "time_budget_s": args.time_budget, "seed": args.seed, "notes": notes,
         "command": "python scripts/zoo_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
