@@ -44,14 +44,14 @@ from .requests import GenerationJob
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CLOSE_REASONS", "DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "FILLER_SEED", "SEED_MODULUS", "BatchPolicy", "BatchShapes",
-           "BatchStats", "RequestBatcher", "batch_key", "row_seeds"]
+__all__ = ["CLOSE_REASONS", "DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "FILLER_SEED", "SEED_MODULUS", "BatchPolicy",
+           "BatchShapes", "BatchStats", "RequestBatcher", "batch_key", "row_seeds"]
 
 #: ``--batch-window-ms``: the longest the oldest waiting request waits for others to join its batch (a batch
 #: closes earlier once full or once the previous call's clients are back: :class:`RequestBatcher`). It must
 #: cover a client's round trip, from its answer to its next request (PNG encoding, HTTP, the client's own work):
 #: measured on the CPU against a live tiny Flux server, 8 closed-loop clients, ``--max-batch 8``, 2 shared
-#: cores (``return_s`` in ``/stats``): 64x64 mean 26 ms, max 46 ms; 512x512 (8 noise-like 1 MB PNGs per call)
+#: cores (``return_s`` in ``/stats``): 64x64 mean 26 ms, max 46 ms; 512x512 (8 PNGs of 512x512 per call)
 #: mean 0.41 s, max 0.55 s. 20 ms, the first default, split 8 GPU clients into calls of 3 and 5.
 DEFAULT_WINDOW_MS = 500.0
 #: ``--batch-work-limit``: latent tokens x hidden size x CFG rows per row above which a size is not batched
