@@ -403,10 +403,14 @@ def test_closed_loop_clients_fill_every_call_of_a_live_server(tmp_path):
         wait_ready([spawned], START_TIMEOUT_S)
 
         def client(i: int) -> list[int]:
+            sizes = []
             with httpx.Client(base_url=spawned.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
-                return [int(http.post("/v1/images/generations", json={"prompt": f"client {i}", "size": "64x64",
-                                                                       "seed": 100 * i + k}).headers["x-batch-requests"])
-                        for k in range(per_client)]
+                for k in range(per_client):
+                    body = {"prompt": f"client {i}", "size": "64x64", "seed": 100 * i + k}
+                    response = http.post("/v1/images/generations", json=body)
+                    assert response.status_code == 200, response.text
+                    sizes.append(int(response.headers["x-batch-requests"]))
+            return sizes
 
         with ThreadPoolExecutor(clients) as pool:
             seen = list(pool.map(client, range(clients)))
