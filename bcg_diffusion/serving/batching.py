@@ -18,7 +18,11 @@ the server behaves as without batching (one call per request, one generator for 
 **Where batching cannot pay** the server keeps those calls unbatched: a size whose work per row, latent tokens x
 the transformer's hidden size x the rows classifier-free guidance adds, is above ``--batch-work-limit`` is
 compute-bound already at one row (a batch then takes about as long as its rows one after the other), so
-requests of that size run alone as without batching; the server says so at start for the sizes it warms.
+requests of that size run alone as without batching; the server says so at start for the sizes it warms. The
+default limit comes from one H200 run (:data:`DEFAULT_WORK_LIMIT`): PixArt-Sigma and Flux.1 at 512x512 are above
+it; smaller work was not measured.
+
+**When a batch runs**: see :class:`RequestBatcher` (full, every client of the previous call back, or the window).
 
 A failure inside a batched call fails every request of that batch (500, or 503 for out of memory); since no
 image depends on its batch, a request sent again gets exactly the image it would have had.
@@ -40,14 +44,25 @@ from .requests import GenerationJob
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "FILLER_SEED", "SEED_MODULUS", "BatchPolicy", "BatchShapes",
-           "BatchStats", "RequestBatcher", "batch_key", "row_seeds"]
+__all__ = ["CLOSE_REASONS", "DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "FILLER_SEED", "SEED_MODULUS", "BatchPolicy",
+           "BatchShapes", "BatchStats", "RequestBatcher", "batch_key", "row_seeds"]
 
-#: ``--batch-window-ms``: how long the oldest waiting request may wait for others to join its batch.
-DEFAULT_WINDOW_MS = 20.0
+#: ``--batch-window-ms``: the longest the oldest waiting request waits for others to join its batch (a batch
+#: closes earlier once full or once the previous call's clients are back: :class:`RequestBatcher`). It must
+#: cover a client's round trip, from its answer to its next request (PNG encoding, HTTP, the client's own work):
+#: measured on the CPU against a live tiny Flux server, 8 closed-loop clients, ``--max-batch 8``, 2 shared
+#: cores (``return_s`` in ``/stats``): 64x64 mean 26 ms, max 46 ms; 512x512 (8 PNGs of 512x512 per call)
+#: mean 0.41 s, max 0.55 s. 20 ms, the first default, split 8 GPU clients into calls of 3 and 5.
+DEFAULT_WINDOW_MS = 500.0
 #: ``--batch-work-limit``: latent tokens x hidden size x CFG rows per row above which a size is not batched
 #: (PixArt-Sigma at 512x512: 1024 x 1152 x 2 = 2.4M; Flux.1 at 512x512: 1024 x 3072 = 3.1M, at 1024x1024 12.6M).
-DEFAULT_WORK_LIMIT = 1 << 22
+#: From one H200 run (bench_results/batching_2026-12-02_153747): PixArt-Sigma 512 px, 20 steps, 8 rows per
+#: call took 1.38 s against 8 x 0.234 s one by one, so even full batches would give at most 1.35x (a lone
+#: request paying 5.9x), and Flux.1 512 px at most 1.15x (3.54 s against 8 x 0.51 s); both sizes are above
+#: this limit. Smaller sizes were not measured: they are batched by default.
+DEFAULT_WORK_LIMIT = 1 << 21
+#: Why a batch closed (``/stats`` ``batching.closed_by``): see :class:`RequestBatcher`.
+CLOSE_REASONS = ("full", "returns", "window")
 #: The seed of every filler row (its image is dropped).
 FILLER_SEED = 0
 SEED_MODULUS = 2**64
@@ -159,8 +174,10 @@ class BatchShapes:
 
 
 class BatchStats:
-    """What batching did: batched calls, requests and real images per call (histograms), filler rows, and the
-    time requests waited to be batched (from arrival until their batch was closed)."""
+    """What batching did: batched calls, requests and real images per call (histograms), filler rows, the time
+    requests waited to be batched (from arrival until their batch was closed), why each batch closed
+    (``closed_by``: full, returns, window) and how long after a call's answer its returns arrived (``return_s``:
+    the round trip of a closed-loop client, what ``window_s`` must cover)."""
 
     def __init__(self, policy: BatchPolicy):
         self.policy = policy
@@ -173,10 +190,15 @@ class BatchStats:
         self.wait_count = 0
         self.wait_sum = 0.0
         self.wait_max = 0.0
+        self.closed_by = {reason: 0 for reason in CLOSE_REASONS}
+        self.return_count = 0
+        self.return_sum = 0.0
+        self.return_max = 0.0
 
-    def record(self, requests: int, images: int, rows: int, waits: list[float]) -> None:
+    def record(self, requests: int, images: int, rows: int, waits: list[float], reason: str = "full") -> None:
         with self._lock:
             self.batches += 1
+            self.closed_by[reason] += 1
             self.requests += requests
             self.requests_per_batch[requests] = self.requests_per_batch.get(requests, 0) + 1
             self.images_per_batch[images] = self.images_per_batch.get(images, 0) + 1
@@ -197,7 +219,18 @@ class BatchStats:
                 "wait_s": {"count": self.wait_count, "sum": round(self.wait_sum, 6),
                            "mean": round(self.wait_sum / self.wait_count, 6) if self.wait_count else None,
                            "max": round(self.wait_max, 6)},
+                "closed_by": dict(self.closed_by),
+                "return_s": {"count": self.return_count, "sum": round(self.return_sum, 6),
+                             "mean": round(self.return_sum / self.return_count, 6) if self.return_count else None,
+                             "max": round(self.return_max, 6)},
             }
+
+    def record_return(self, after_s: float) -> None:
+        """A request counted as a return arrived ``after_s`` after the previous call was answered."""
+        with self._lock:
+            self.return_count += 1
+            self.return_sum += after_s
+            self.return_max = max(self.return_max, after_s)
 
 
 @dataclass
@@ -213,12 +246,26 @@ class RequestBatcher:
     """Gathers batchable requests and hands each batch to the pipeline worker as one call.
 
     ``submit(job)`` returns a future of ``(started, GenerationResult)`` for that job alone (as an unbatched call
-    gives). One thread forms batches: it takes the oldest waiting request, waits until its key has
-    ``rows`` images waiting or ``window_s`` has passed since that request arrived or since the previous batch
-    was answered, whichever is later (the clients of the previous batch send their next requests then, and they
-    join this batch instead of forming a small one of their own), takes every waiting request of that key that
-    fits (in arrival order), and runs the batch through ``run_batch(jobs, rows)`` on the worker, waiting for it
-    before forming the next (requests that arrive meanwhile join the next batch).
+    gives). One thread forms batches and runs each through ``run_batch(jobs, rows)`` on the worker, waiting for it
+    before forming the next: no batch starts while a call runs, and requests that arrive meanwhile queue for the
+    next one. **The filling rule**: the batch of the oldest waiting request's key closes as soon as
+
+    - ``full``: its key has ``rows`` images waiting (or a waiting request of the key does not fit), or
+    - ``returns``: every request the previous call answered has come back, i.e. as many requests have arrived
+      since that answer as it answered (closed-loop clients send their next request once answered; once all of
+      them are here, nobody else is expected), or
+    - ``window``: ``window_s`` has passed since the oldest waiting request arrived or since the previous call was
+      answered, whichever is later;
+
+    it then takes every waiting request of that key that fits, in arrival order. Why returns: the clients of the
+    answered call send their next requests only after their PNGs are encoded and sent (tens of ms or more), while
+    the requests that queued during the call are already waiting; closing on a short window alone ran those
+    queued requests as a partial batch and left the returning ones to form the next partial batch (8 clients,
+    ``rows`` 8: calls of 3 and 5 requests, alternating, for good). Counting returns lets the window be long
+    enough for a round trip without costing a lone client: its next request is the one return expected, so it
+    runs at once; only a request with no return expected (the first after idle, or a client that does not come
+    back) waits, and never more than ``window_s``. Returns are counted over all keys and clients (the batcher
+    does not know which client sent what), so a newcomer can stand in for a client that stays away.
     """
 
     def __init__(self, worker, run_batch: Callable[[list[GenerationJob], int], list], shapes: BatchShapes,
@@ -230,7 +277,9 @@ class RequestBatcher:
         self._pending: list[_Pending] = []
         self._cond = threading.Condition()
         self._stopping = False
-        self._free_since = 0.0  # when the previous batch was answered
+        self._answered_at = 0.0  # when the previous call was answered
+        self._expected = 0  # requests it answered: the returns the next batch may wait for
+        self._returned = 0  # requests that arrived since it was answered
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -245,6 +294,9 @@ class RequestBatcher:
         item = _Pending(job, batch_key(job), rows, time.perf_counter(), concurrent.futures.Future())
         with self._cond:
             self._pending.append(item)
+            if self._returned < self._expected:
+                self._returned += 1
+                self.stats.record_return(item.arrived - self._answered_at)
             self._cond.notify()
         return item.future
 
@@ -280,7 +332,15 @@ class RequestBatcher:
                 left_out = True
         return chosen, used == first.rows or left_out
 
-    def _next_batch(self) -> list[_Pending] | None:
+    def _close_reason(self, full: bool, remaining: float) -> str | None:
+        """Why the batch closes now (one of :data:`CLOSE_REASONS`), or ``None`` to keep waiting."""
+        if full:
+            return "full"
+        if self._expected and self._returned >= self._expected:
+            return "returns"
+        return "window" if remaining <= 0 else None
+
+    def _next_batch(self) -> tuple[list[_Pending], str] | None:
         with self._cond:
             while True:
                 while not self._pending and not self._stopping:
@@ -288,30 +348,40 @@ class RequestBatcher:
                 if self._stopping:
                     return None
                 chosen, full = self._select()
-                opened = max(self._pending[0].arrived, self._free_since)
+                opened = max(self._pending[0].arrived, self._answered_at)
                 remaining = opened + self.shapes.policy.window_s - time.perf_counter()
-                if full or remaining <= 0:
+                reason = self._close_reason(full, remaining)
+                if reason is not None:
                     for item in chosen:
                         self._pending.remove(item)
-                    return chosen
+                    return chosen, reason
                 self._cond.wait(remaining)
 
+    def _answered(self, requests: int) -> None:
+        """A call is over: the next batch may wait for its ``requests`` to come back (set before their futures
+        resolve, so no return arrives uncounted)."""
+        with self._cond:
+            self._answered_at = time.perf_counter()
+            self._expected, self._returned = requests, 0
+
     def _loop(self) -> None:
-        while (batch := self._next_batch()) is not None:
+        while (formed := self._next_batch()) is not None:
+            batch, reason = formed
             closed = time.perf_counter()
             jobs = [item.job for item in batch]
             rows = batch[0].rows
-            self.stats.record(len(jobs), sum(j.n for j in jobs), rows, [closed - item.arrived for item in batch])
+            self.stats.record(len(jobs), sum(j.n for j in jobs), rows, [closed - item.arrived for item in batch],
+                              reason)
             try:
                 started, results = self.worker.submit(lambda: (time.perf_counter(), self.run_batch(jobs, rows))).result()
             except BaseException as exc:  # noqa: BLE001 - the whole batch failed: every request gets the error
+                self._answered(len(batch))
                 for item in batch:
                     item.future.set_exception(exc)
             else:
+                self._answered(len(batch))
                 for item, result in zip(batch, results):
                     item.future.set_result((started, result))
-            with self._cond:
-                self._free_since = time.perf_counter()
         with self._cond:  # stopped: the requests still waiting are refused
             for item in self._pending:
                 item.future.set_exception(RuntimeError("the server is stopping"))

@@ -35,7 +35,7 @@ from .load_mix import DEFAULT_PROMPTS, MixSpec, build_mix
 __all__ = ["build_parser", "main"]
 
 DEFAULT_MAX_BATCH = 8
-DEFAULT_WINDOW_MS = 20.0
+DEFAULT_WINDOW_MS = 500.0  # the server's (batching.DEFAULT_WINDOW_MS; this module stays light)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the batching servers' --max-batch (default: {DEFAULT_MAX_BATCH})")
     p.add_argument("--batch-window-ms", type=float, default=DEFAULT_WINDOW_MS,
                    help=f"the batching servers' --batch-window-ms (default: {DEFAULT_WINDOW_MS:g})")
-    p.add_argument("--batch-work-limit", type=int, default=None,
-                   help="the batching servers' --batch-work-limit (default: the server's)")
+    p.add_argument("--batch-work-limit", type=int, default=0,
+                   help="the batching servers' --batch-work-limit (default: 0, batch every size: the benchmark "
+                   "measures batching itself, also at sizes the server keeps unbatched by default)")
     p.add_argument("--requests", type=int, default=128, help="PixArt requests per server (default: 128)")
     p.add_argument("--flux-requests", type=int, default=64, help="Flux requests per server (default: 64)")
     p.add_argument("--concurrency", type=int, default=8, help="clients (default: 8)")
@@ -78,8 +79,7 @@ def _server_args(family: str, args, steps: int, batching: bool, bcg: bool) -> st
         words.append("--bcg")
     if batching:
         words.append(f"--max-batch {args.max_batch} --batch-window-ms {args.batch_window_ms:g}")
-        if args.batch_work_limit is not None:
-            words.append(f"--batch-work-limit {args.batch_work_limit}")
+        words.append(f"--batch-work-limit {args.batch_work_limit}")
     return " ".join(words)
 
 
@@ -181,16 +181,23 @@ def _row(family: str, role: str, s: dict[str, Any]) -> str:
     fmt = (lambda v, spec=".3f": "-" if v is None else f"{v:{spec}}")
     batches = "-" if not b else f"{b['batches']} ({fmt(b['mean_requests_per_batch'], '.2f')})"
     wait = "-" if not b or b["wait_s"]["mean"] is None else f"{1000 * b['wait_s']['mean']:.1f}"
+    closed = "-" if not b or not b.get("closed_by") else "/".join(str(b["closed_by"].get(k, 0))
+                                                                 for k in ("full", "returns", "window"))
+    back = (b or {}).get("return_s") or {}
+    returns = ("-" if not back.get("count") else
+               f"{1000 * back['mean']:.0f} / {1000 * back['max_since_start']:.0f}")
     return (f"| {family} | {role} | {s['ok']}/{s['requests']} | {fmt(lat['p50'])} | {fmt(lat['p95'])} | "
-            f"{fmt(lat['p99'])} | {fmt(s['throughput_rps'], '.2f')} | {batches} | {wait} |")
+            f"{fmt(lat['p99'])} | {fmt(s['throughput_rps'], '.2f')} | {batches} | {wait} | {closed} | {returns} |")
 
 
 def markdown(results: list[dict[str, Any]], args) -> str:
     lines = [f"# Batching benchmark ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
-             f"`--max-batch {args.max_batch} --batch-window-ms {args.batch_window_ms:g}`, {args.concurrency} clients, "
-             f"size {args.image_size}, model size {args.size}, device {args.device}.", "",
+             f"`--max-batch {args.max_batch} --batch-window-ms {args.batch_window_ms:g} --batch-work-limit "
+             f"{args.batch_work_limit}`, {args.concurrency} clients, size {args.image_size}, model size {args.size}, "
+             f"device {args.device}.", "",
              "| family | server | ok | p50 s | p95 s | p99 s | req/s | batched calls (requests per call) | "
-             "batch wait mean ms |", "|---|---|---|---|---|---|---|---|---|"]
+             "batch wait mean ms | closed by full/returns/window | return mean / max ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines += [_row(r["family"], role, s) for role, s in r["summaries"].items()]
     for r in results:

@@ -75,8 +75,9 @@ def _histogram_delta(end: dict[str, int], start: dict[str, int]) -> dict[str, in
 
 def batching_during(run: ServerRun) -> dict[str, Any] | None:
     """What the server's batching did during the load (``/stats`` ``batching`` at the end minus the start):
-    batched calls, requests per call (histogram, mean), filler rows, and the time requests waited to be batched
-    (mean; the max is the server's since start). ``None`` for a server without batching (or without the field)."""
+    batched calls, requests per call (histogram, mean), filler rows, the time requests waited to be batched
+    (mean; the max is the server's since start), why batches closed (``closed_by``) and how long the answered
+    clients took to come back (``return_s``). ``None`` for a server without batching (or without the field)."""
     start, end = run.stats_start.get("batching") or {}, run.stats_end.get("batching") or {}
     if not end.get("enabled"):
         return None
@@ -91,7 +92,18 @@ def batching_during(run: ServerRun) -> dict[str, Any] | None:
             "images_per_batch": _histogram_delta(end["images_per_batch"], start.get("images_per_batch", {})),
             "filler_rows": end["filler_rows"] - start.get("filler_rows", 0),
             "wait_s": {"count": waits, "sum": wait_sum, "mean": wait_sum / waits if waits else None,
-                       "max_since_start": wait_end["max"]}}
+                       "max_since_start": wait_end["max"]},
+            "closed_by": {k: v - (start.get("closed_by") or {}).get(k, 0)
+                          for k, v in (end.get("closed_by") or {}).items()},
+            "return_s": _returns_delta(end.get("return_s"), start.get("return_s"))}
+
+
+def _returns_delta(end: dict | None, start: dict | None) -> dict[str, Any] | None:
+    """``/stats`` ``batching.return_s`` during the load (count, mean; the max is the server's since start)."""
+    if not end:
+        return None
+    count, total = end["count"] - (start or {}).get("count", 0), end["sum"] - (start or {}).get("sum", 0.0)
+    return {"count": count, "mean": total / count if count else None, "max_since_start": end["max"]}
 
 
 def alone_check(run: ServerRun) -> dict[str, Any] | None:
@@ -271,8 +283,12 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
     for s in summaries:
         if s.get("batching"):
             hist = ", ".join(f"{k}: {v}" for k, v in s["batching"]["requests_per_batch"].items())
+            closed = ", ".join(f"{k} {v}" for k, v in (s["batching"].get("closed_by") or {}).items())
+            returns = s["batching"].get("return_s") or {}
+            back = ("" if not returns.get("count") else f"; returns after an answer: mean "
+                    f"{1000 * returns['mean']:.0f} ms, max {1000 * returns['max_since_start']:.0f} ms")
             lines.append(f"  {s['label']} requests per batched call: {hist or 'none'}; filler rows "
-                         f"{s['batching']['filler_rows']}")
+                         f"{s['batching']['filler_rows']}; closed by: {closed or '-'}{back}")
         check = s.get("alone_check")
         if check is not None:
             verdict = "bitwise equal" if not check["mismatched"] and not check["failed"] else "NOT all equal"

@@ -61,7 +61,7 @@ except ModuleNotFoundError as exc:  # the serve extra is not installed
     if exc.name not in SERVE_EXTRA_MODULES:
         raise
     MISSING_SERVE_EXTRA: str | None = f"{exc}; install the server's packages with: pip install -e \".[serve]\""
-    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 20.0, 1 << 22  # --help still shows them
+    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 500.0, 1 << 21  # --help still shows them (batching.py owns them)
 else:
     MISSING_SERVE_EXTRA = None
 
@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "call of exactly ROWS images (filler rows pad it, so an image never depends on its batch); "
                    f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH})")
     g.add_argument("--batch-window-ms", type=float, default=DEFAULT_WINDOW_MS, metavar="MS",
-                   help=f"how long a request may wait for others to join its batch (default: {DEFAULT_WINDOW_MS:g})")
+                   help="the longest a request waits for others to join its batch; a batch runs earlier once full or "
+                   f"once every client of the previous call is back (default: {DEFAULT_WINDOW_MS:g})")
     g.add_argument("--batch-work-limit", type=int, default=DEFAULT_WORK_LIMIT, metavar="N",
                    help="sizes whose latent tokens x hidden size x CFG rows is above N are compute-bound and run "
                    f"unbatched (default: {DEFAULT_WORK_LIMIT}; 0: batch every size)")

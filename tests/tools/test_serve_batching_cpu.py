@@ -10,6 +10,7 @@ request has a timeout.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -166,9 +167,11 @@ def _fake_job(size: str, n: int = 1, steps: int = 2, adapter=None) -> Generation
 class _Recorder:
     def __init__(self, fail: bool = False, delay_s: float = 0.0):
         self.batches, self.fail, self.delay_s = [], fail, delay_s
+        self.on_call = lambda: None
 
     def __call__(self, jobs, rows):
         self.batches.append((list(jobs), rows))
+        self.on_call()
         time.sleep(self.delay_s)
         if self.fail:
             raise RuntimeError("batch failed")
@@ -220,6 +223,70 @@ def test_a_lone_request_waits_at_most_the_window():
         worker.stop()
     assert 0.2 <= waited < 5.0
     assert 0.2 <= batcher.stats.snapshot()["wait_s"]["max"] < 5.0
+
+
+class _ClosedLoop:
+    """Closed-loop clients of a batcher: each sends a request, waits for its answer, takes ``round_trip_s``
+    (a stand-in for PNG encoding and HTTP), sends the next. ``late`` clients start once the first call runs."""
+
+    def __init__(self, batcher, recorder, clients: int, late: int, requests: int, round_trip_s: float):
+        self.batcher, self.requests, self.round_trip_s = batcher, requests, round_trip_s
+        self.latencies: list[float] = []
+        first_call = threading.Event()
+        recorder.on_call = first_call.set
+        threads = [threading.Thread(target=self._client, args=(first_call if i >= clients - late else None,))
+                   for i in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+    def _client(self, start_after: threading.Event | None):
+        if start_after is not None:
+            start_after.wait(30)
+        for _ in range(self.requests):
+            sent = time.perf_counter()
+            self.batcher.submit(_fake_job("64x64")).result(timeout=30)
+            self.latencies.append(time.perf_counter() - sent)
+            time.sleep(self.round_trip_s)
+
+
+def _closed_loop(window_s: float, clients: int, late: int, requests: int, round_trip_s: float, call_s: float):
+    recorder = _Recorder(delay_s=call_s)
+    batcher, worker = _batcher(recorder, window_s=window_s, rows=8)
+    try:
+        loop = _ClosedLoop(batcher, recorder, clients, late, requests, round_trip_s)
+    finally:
+        batcher.stop()
+        worker.stop()
+    return [len(jobs) for jobs, _ in recorder.batches], batcher.stats.snapshot(), loop.latencies
+
+
+def test_closed_loop_clients_fill_every_batch_once_the_previous_clients_are_back():
+    # 3 clients start, 5 more once the first call runs (they queue behind it): the old rule ran those 5 alone
+    # while the 3 were on their round trip, and 3 and 5 alternated for good; now the 5 wait for the 3 to return
+    sizes, stats, _ = _closed_loop(window_s=0.5, clients=8, late=5, requests=5, round_trip_s=0.08, call_s=0.2)
+    assert sizes == [3, 8, 8, 8, 8, 5], sizes  # the last: the 5 late clients' last requests, nobody else left
+    assert stats["requests_per_batch"] == {"3": 1, "5": 1, "8": 4}, stats
+    assert stats["closed_by"] == {"full": 4, "returns": 0, "window": 2}, stats
+    assert stats["return_s"]["count"] >= 4 * 8 - 5 and 0.08 <= stats["return_s"]["mean"] < 0.5, stats
+
+
+def test_a_window_shorter_than_the_round_trip_splits_the_clients():
+    # why the window must cover a round trip: with 20 ms against 80 ms, the queued 5 run before the 3 are back
+    sizes, stats, _ = _closed_loop(window_s=0.02, clients=8, late=5, requests=4, round_trip_s=0.08, call_s=0.2)
+    assert sizes[:6] == [3, 5, 3, 5, 3, 5], sizes
+    assert stats["closed_by"]["full"] == 0, stats
+
+
+def test_a_single_client_waits_the_window_once_then_runs_at_once():
+    sizes, stats, latencies = _closed_loop(window_s=0.3, clients=1, late=0, requests=5, round_trip_s=0.02,
+                                           call_s=0.05)
+    assert sizes == [1] * 5
+    assert stats["closed_by"] == {"full": 0, "returns": 4, "window": 1}, stats
+    assert 0.3 + 0.05 <= latencies[0] < 0.3 + 0.05 + 0.5, latencies  # the first: no return expected
+    assert all(latency < 0.05 + 0.2 for latency in latencies[1:]), latencies  # then: its own return, no wait
+    assert max(latencies) - 0.05 < 0.3 + 0.5  # never more than the window (plus scheduling) over the call
 
 
 def test_a_failed_batch_fails_each_of_its_requests_and_the_batcher_goes_on():
@@ -326,6 +393,42 @@ def test_a_failure_in_a_batch_fails_its_requests_and_later_images_are_unchanged(
     assert pixels(post(server.url, body)) == reference
 
 
+def test_closed_loop_clients_fill_every_call_of_a_live_server(tmp_path):
+    """8 closed-loop HTTP clients, ``--max-batch 8`` and the default window: after the first call or two, every
+    call carries 8 requests (the old 20 ms window, shorter than a round trip, split them into 3 and 5)."""
+    clients, per_client = 8, 4
+    spawned = start_server("--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-pixels 16384 "
+                           f"--max-batch {clients}", tmp_path / "server.log")
+    try:
+        wait_ready([spawned], START_TIMEOUT_S)
+
+        def client(i: int) -> list[int]:
+            sizes = []
+            with httpx.Client(base_url=spawned.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as http:
+                for k in range(per_client):
+                    body = {"prompt": f"client {i}", "size": "64x64", "seed": 100 * i + k}
+                    response = http.post("/v1/images/generations", json=body)
+                    assert response.status_code == 200, response.text
+                    sizes.append(int(response.headers["x-batch-requests"]))
+            return sizes
+
+        with ThreadPoolExecutor(clients) as pool:
+            seen = list(pool.map(client, range(clients)))
+        stats = httpx.get(f"{spawned.url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()["batching"]
+    finally:
+        stop_server(spawned)
+    assert "window 500 ms" in spawned.log_path.read_text()
+    hist = stats["requests_per_batch"]
+    assert stats["batched_requests"] == clients * per_client, stats
+    partial = sum(v for k, v in hist.items() if k != str(clients))
+    assert partial <= 2 and hist.get(str(clients), 0) >= per_client - 1, stats  # full but for the first call or two
+    # a slow start may split the first requests (5, then 3 with 5 returns): each client's first and last aside,
+    # every request went in a full call
+    assert all(size == clients for sizes in seen for size in sizes[1:-1]), seen
+    assert stats["closed_by"]["window"] <= 2, stats  # the first call and the tail only
+    assert 0 < stats["return_s"]["max"] < 0.5, stats  # a round trip fits the window
+
+
 # -------------------------------------------------------------------------------------------------------
 # the load test against a batching server
 # -------------------------------------------------------------------------------------------------------
@@ -345,6 +448,7 @@ def test_load_reports_batching_models_and_the_alone_check(server, tmp_path, caps
     assert summary["per_model"] == {"flux": {"requests": 8, "ok": 8, "p50": summary["per_model"]["flux"]["p50"]}}
     batching = summary["batching"]
     assert batching["batched_requests"] == 8 + 0 and batching["batches"] <= 8 and batching["max_batch"] == ROWS
+    assert sum(batching["closed_by"].values()) == batching["batches"] and "closed by: full" in text, batching
     check = summary["alone_check"]
     assert check["distinct"] == check["equal"] == check["compared"] >= 2 and not check["mismatched"], check
     assert "alone check" in text and "requests per batched call" in text and "result: PASS" in text
