@@ -50,14 +50,15 @@ def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
     return specs
 
 
-def attach_adapters(pipe, specs: list[AdapterSpec], args, base_model: str, prog: str) -> AdapterBank | None:
-    """Load the adapters into ``pipe``'s transformer (before BCG or compile touch it); ``None`` without any.
+def attach_adapters(pipe, specs: list[AdapterSpec], base_model: str, prog: str, *, rank: int | None = None,
+                    gpu_slots: int | None = None) -> AdapterBank | None:
+    """Load the adapters into ``pipe``'s transformer (before BCG or compile touch it), padded to ``rank``
+    (``--lora-rank``), ``gpu_slots`` of them kept on the device (``--lora-gpu-slots``); ``None`` without any.
     :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot be served."""
     if not specs:
         return None
     try:
-        bank = AdapterBank(pipe, specs, base_model=base_model, target_rank=args.lora_rank,
-                           gpu_slots=args.lora_gpu_slots)
+        bank = AdapterBank(pipe, specs, base_model=base_model, target_rank=rank, gpu_slots=gpu_slots)
         bank.load()
     except AdapterError as exc:
         raise Failure(2, f"{prog}: error: {exc}") from exc

@@ -127,6 +127,6 @@ def build_app(config: Mapping[str, Any]):
         replica_options = replica_options_from_mapping(config)
     except ReplicaOptionsError as exc:
         raise ValueError(f"build_app args: {exc}") from None
-    args.api_key = options["api_key"]
+    args.api_key = options.api_key
     return image_server_app(args, replica_options)
 

@@ -119,7 +119,7 @@ def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, opti
         server_options = check_server_args(args)
     except ServerOptionsError as exc:
         parser.error(str(exc))
-    args.api_key = server_options["api_key"]  # resolved here: the replicas may not see this environment
+    args.api_key = server_options.api_key  # resolved here: the replicas may not see this environment
     port = free_port(args.host, args.port)
     import ray
     from ray import serve

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
-from typing import Any, Sequence
+from typing import Sequence
 
-import bcg_pipelines as pipelines
-from bcg_diffusion.toolkit.options import Failure, choose_device, family_or_checkpoint
+from bcg_diffusion.toolkit.options import Failure
 
 from . import server
-from .adapter_options import attach_adapters, warm_adapters
 from .app import ServerState
-from .worker import ImageGenerator, PipelineWorker, ServerCounters
+from .server_build import build_server, stop_server
+from .server_plan import ServerPlan, read_plan
 
 __all__ = ["ServerOptionsError", "build_server_state", "check_server_args", "parse_server_args", "stop_server_state"]
 
@@ -45,65 +43,28 @@ def parse_server_args(argv: str | Sequence[str]) -> argparse.Namespace:
     return _raising_parser().parse_args(words)
 
 
-def check_server_args(args: argparse.Namespace) -> dict[str, Any]:
+def check_server_args(args: argparse.Namespace) -> ServerPlan:
     """Every check ``bcg-serve`` makes before it builds, except the device's (the replicas' machines may differ
-    from this one); the parsed warm-up sizes, default size, injections and API key."""
+    from this one); the plan, without a device (its ``api_key`` resolved from the environment here)."""
     parser = _raising_parser()
-    options = server.check_arguments(args, parser)
-    spec = family_or_checkpoint(args.model, parser)
-    server.check_image_family(spec, parser)
-    server.precheck_family(spec, args, parser)
-    server.precheck_sizes(spec, options["warmup"] + ([options["default_size"]] if options["default_size"] else []),
-                          args, parser)
+    plan = read_plan(args, parser, device=False)
     if args.device is not None and ":" in args.device:
         parser.error(f"--device {args.device}: with replicas, Ray gives each replica its own GPU (its "
                      "CUDA_VISIBLE_DEVICES); use --device cuda")
-    return options
+    return plan
 
 
 def build_server_state(args: argparse.Namespace) -> ServerState:
-    """Build the pipeline of ``args``, speed it up and warm it (as ``bcg-serve`` before it listens); the state of
-    its application. :class:`ServerOptionsError` for anything ``bcg-serve`` would refuse or fail at."""
-    parser = _raising_parser()
+    """Build the pipeline of ``args``, speed it up and warm it (:func:`~.server_build.build_server`, as
+    ``bcg-serve`` before it listens); the state of its application. :class:`ServerOptionsError` for anything
+    ``bcg-serve`` would refuse or fail at."""
+    check_server_args(args)
     try:
-        options = check_server_args(args)
-        device = choose_device(args, parser)
-        dtype = pipelines.resolve_dtype(args.dtype, device)
-        spec = family_or_checkpoint(args.model, parser)
-        if spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:
-            parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU; pass --yes to "
-                         "build it anyway")
-        print(f"building {args.model} on {device} in {pipelines.dtype_name(dtype)} ...", flush=True)
-        t0 = time.perf_counter()
-        pipe, spec = server.build(args, spec, device, dtype)
-        adapters = attach_adapters(pipe, options["adapters"], args, server.served_model_name(args), "bcg-serve")
-        notes = server.speed_up(pipe, args, device)
-        planner = server.make_planner(pipe, spec, args, options["default_size"])
-        if adapters is not None:
-            planner.adapter_ids = tuple(adapters.names)
-        print(f"built in {time.perf_counter() - t0:.1f} s; {'; '.join(notes) or 'eager'}", flush=True)
-        shapes = server.batching_setup(pipe, planner, args, options["warmup"])
-        counters = ServerCounters()
-        worker = PipelineWorker()
-        generator = ImageGenerator(pipe, device, counters, options["injections"])
-        try:
-            warmup = server.warm_up(worker, generator, planner, options["warmup"], shapes)
-            warm_adapters(adapters, worker, generator,
-                          lambda: server.warm_up(worker, generator, planner, options["warmup"], shapes))
-        except BaseException:
-            worker.stop()
-            raise
-        info = server.server_info(args, spec, pipe, device, dtype, planner, warmup, options["api_key"] is not None)
+        return build_server(read_plan(args, _raising_parser()))
     except Failure as failure:
         raise ServerOptionsError(str(failure)) from failure
-    batcher = (server.RequestBatcher(worker, generator.generate_batch, shapes, server.BatchStats(shapes.policy))
-               if shapes is not None else None)
-    return ServerState(planner, worker, generator, counters, info, args.max_queue, api_key=options["api_key"],
-                       batcher=batcher)
 
 
 def stop_server_state(state: ServerState) -> None:
     """Stop what :func:`build_server_state` started: the batcher (if any), then the worker thread."""
-    if state.batcher is not None:
-        state.batcher.stop()
-    state.worker.stop()
+    stop_server(state)

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from bcg_diffusion.serving import ray_run, serve_command, server
+from bcg_diffusion.serving import ray_run, serve_command, server, server_build
 from bcg_diffusion.serving.replica_options import (
     ReplicaOptions,
     ReplicaOptionsError,
@@ -122,14 +122,14 @@ def test_a_replica_builds_and_warms_its_state_or_fails_before_serving(monkeypatc
         stop_server_state(state)
     assert not state.worker.alive and not state.batcher.alive
     workers = []
-    real_worker = server.PipelineWorker
+    real_worker = server_build.PipelineWorker
 
     def tracked_worker():
         workers.append(real_worker())
         return workers[-1]
 
-    monkeypatch.setattr("bcg_diffusion.serving.replica_state.PipelineWorker", tracked_worker)
-    monkeypatch.setattr(server, "run_warmup", lambda *a: (_ for _ in ()).throw(RuntimeError("no memory left")))
+    monkeypatch.setattr(server_build, "PipelineWorker", tracked_worker)
+    monkeypatch.setattr(server_build, "run_warmup", lambda *a: (_ for _ in ()).throw(RuntimeError("no memory left")))
     with pytest.raises(ServerOptionsError, match="warm-up failed: RuntimeError: no memory left"):
         build_server_state(parse_server_args(TINY))
     assert workers and not workers[0].alive

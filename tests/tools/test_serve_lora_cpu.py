@@ -11,7 +11,6 @@ start-up failure names its adapter.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 from pathlib import Path
@@ -31,6 +30,8 @@ from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters
 from bcg_diffusion.serving.adapters import AdapterBank, AdapterSpec  # noqa: E402
 from bcg_diffusion.serving.app import ServerState, create_app  # noqa: E402
 from bcg_diffusion.serving.png import encode_png_b64  # noqa: E402
+from bcg_diffusion.serving.server_build import make_planner  # noqa: E402
+from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
 from bcg_diffusion.serving.worker import ImageGenerator, PipelineWorker, ServerCounters  # noqa: E402
 
 from _loras import ADAPTERS, unknown_module, write_adapters, wrong_shapes  # noqa: E402
@@ -50,10 +51,11 @@ def _pipe():
     return pipelines.build_pipeline("flux", "tiny", device="cpu", dtype=torch.float32, seed=0)
 
 
-def _args(**lora) -> argparse.Namespace:
-    return argparse.Namespace(model=BASE, served_model_name=None, size="tiny", steps=2, max_pixels=128 * 128, max_steps=8, max_n=2,
-                              no_resolution_binning=False, lora_rank=lora.get("rank"),
-                              lora_gpu_slots=lora.get("slots"))
+def _plan() -> ServerPlan:
+    parser = server.build_parser()
+    argv = ["--model", BASE, "--device", "cpu", "--steps", "2", "--max-pixels", str(128 * 128), "--max-steps", "8",
+            "--max-n", "2"]
+    return read_plan(parser.parse_args(argv), parser)
 
 
 @contextlib.contextmanager
@@ -61,10 +63,9 @@ def serving(loras: dict[str, Path] | None, slots: int | None = None, rank: int |
     """A test client of the application as ``bcg-serve`` builds it (no warm-up: the CPU runs eagerly), and its
     generator."""
     pipe = _pipe()
-    args = _args(slots=slots, rank=rank)
     specs = [AdapterSpec(n, str(p)) for n, p in (loras or {}).items()]
-    bank = attach_adapters(pipe, specs, args, BASE, "bcg-serve")
-    planner = server.make_planner(pipe, pipelines.get_family("flux"), args, None)
+    bank = attach_adapters(pipe, specs, BASE, "bcg-serve", rank=rank, gpu_slots=slots)
+    planner = make_planner(pipe, pipelines.get_family("flux"), _plan())
     if bank is not None:
         planner.adapter_ids = tuple(bank.names)
     worker = PipelineWorker()
@@ -123,7 +124,7 @@ def _twin_image(path: Path, name: str, scale: float | None, planner) -> str:
 @pytest.mark.parametrize("name, scale", [("anime", None), ("sketch", None), ("noir", None), ("sketch", 0.5)])
 def test_an_adapter_equals_a_twin_with_diffusers_load_lora_weights(loras, adapted, name, scale):
     client, generator = adapted
-    planner = server.make_planner(generator.pipe, pipelines.get_family("flux"), _args(), None)
+    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan())
     served = image(client, model=name, **({} if scale is None else {"lora_scale": scale}))
     assert served == _twin_image(loras[name], name, scale, planner)
 
@@ -269,7 +270,7 @@ def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys)
 
 def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
     client, generator = adapted
-    planner = server.make_planner(generator.pipe, pipelines.get_family("flux"), _args(), None)
+    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan())
     planner.adapter_ids = tuple(NAMES)
 
     def job(**fields):

@@ -9,7 +9,6 @@ adapter) no call captures: every transformer call replays (tests/_replay.py), wh
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 
@@ -26,6 +25,8 @@ import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.serving import server  # noqa: E402
 from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters  # noqa: E402
 from bcg_diffusion.serving.adapters import AdapterSpec  # noqa: E402
+from bcg_diffusion.serving.server_build import make_planner  # noqa: E402
+from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
 from bcg_diffusion.serving.startup_warmup import run_warmup  # noqa: E402
 from bcg_diffusion.serving.worker import ImageGenerator, PipelineWorker, ServerCounters  # noqa: E402
 from bcg_pipelines.lora_files import write_family_lora  # noqa: E402
@@ -41,20 +42,21 @@ MIX = [(None, None, "64x64", 0), ("lora1", None, "64x64", 0), ("lora2", None, "8
        ("flux", None, "64x64", 2), ("lora4", 2.0, "80x64", 0), ("lora2", None, "64x64", 4)]
 
 
-def _args() -> argparse.Namespace:
-    return argparse.Namespace(model="flux", served_model_name=None, size="tiny", steps=STEPS, max_pixels=128 * 128,
-                              max_steps=8, max_n=2, no_resolution_binning=False, lora_rank=None, lora_gpu_slots=2)
+def _plan() -> ServerPlan:
+    parser = server.build_parser()
+    argv = ["--model", "flux", "--device", "cuda", "--steps", str(STEPS), "--max-pixels", str(128 * 128),
+            "--max-steps", "8", "--max-n", "2"]
+    return read_plan(parser.parse_args(argv), parser)
 
 
 def _served(loras, accelerate: bool, adapters: bool = True):
     """(planner, generator, worker) of a server on the GPU: tiny Flux bf16, the adapters, BCG, warmed."""
     pipe = pipelines.build_pipeline("flux", "tiny", device="cuda", dtype=torch.bfloat16, seed=0)
-    args = _args()
     specs = [AdapterSpec(n, str(p)) for n, p in loras.items()] if adapters else []
-    bank = attach_adapters(pipe, specs, args, "flux", "bcg-serve")
+    bank = attach_adapters(pipe, specs, "flux", "bcg-serve", gpu_slots=2)
     if accelerate:
         bcg_diffusion.accelerate_pipeline(pipe)
-    planner = server.make_planner(pipe, pipelines.get_family("flux"), args, None)
+    planner = make_planner(pipe, pipelines.get_family("flux"), _plan())
     if bank is not None:
         planner.adapter_ids = tuple(bank.names)
     worker = PipelineWorker()

@@ -1,0 +1,215 @@
+"""``bcg-serve``'s command line read once: every check that needs no pipeline, and the :class:`ServerPlan` that
+the start-up (:mod:`.server_build`) reads instead of the raw ``argparse`` namespace.
+
+:func:`read_plan` reports a bad option through ``parser.error`` (exit code 2, one line saying what to change), before
+anything is built; the replicas' parser (:mod:`.replica_state`) raises there instead. The serve extra's modules
+(:mod:`.requests`, :mod:`.worker`) are imported where used, so :mod:`.server` reads this module's constants (its
+``--help``) without the extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, command_name, family_or_checkpoint
+
+from .adapter_options import lora_specs
+from .adapters import AdapterSpec
+
+__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "is_loopback", "prog", "read_plan",
+           "warn_if_open"]
+
+#: The environment variable that holds the API key when --api-key is not given (vLLM's VLLM_API_KEY, here).
+API_KEY_VARIABLE = "BCG_API_KEY"
+#: An API key: visible ASCII, no spaces (it travels as ``Authorization: Bearer <key>``).
+API_KEY_PATTERN = re.compile(r"[!-~]+")
+#: Options that must be >= 1 when given.
+POSITIVE_OPTIONS = ("max_pixels", "max_steps", "max_n", "max_queue", "steps", "max_batch")
+
+Size = tuple[int, int]
+
+
+def prog() -> str:
+    """The command's name in usage and error lines: ``bcg-serve`` when run as that, else ``serve.py``."""
+    return command_name("serve.py", "bcg-serve")
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """What the server's start-up needs, checked (the options of ``bcg-serve``, see its ``--help``).
+
+    - ``model``: ``--model`` as given; ``spec``: its family (``None`` for a checkpoint, known once loaded);
+      ``size``: ``--size`` (random weights); ``yes``: build ``--size full`` without CUDA;
+    - ``device``, ``dtype``: where and how to build (``None`` when the plan was read without choosing a device:
+      the replicas' head, whose machine may not be the replicas');
+    - ``base_model``: the base model's id (``--served-model-name``, else ``model``);
+    - ``steps``: a request's default ``num_inference_steps`` (``None``: the model's); ``default_size``: a request's
+      default ``(width, height)`` (``None``: the model's); ``warmup``: the sizes warmed before listening;
+    - ``max_pixels``, ``max_steps``, ``max_n``, ``max_queue``: the request limits; ``resolution_binning``: not
+      ``--no-resolution-binning``;
+    - ``max_batch``, ``batch_window_ms``, ``batch_work_limit``: batching (``max_batch`` 1: off);
+    - ``adapters``, ``lora_rank``, ``lora_gpu_slots``: the LoRA adapters served and their slots;
+    - ``compile``, ``bcg``: the speed-ups; ``injections``: prompt -> failure kind (testing only);
+    - ``api_key``: the key every route but ``/health`` needs (``None``: none); ``host``, ``port``: the address.
+    """
+
+    model: str
+    spec: Any
+    size: str
+    yes: bool
+    device: torch.device | None
+    dtype: torch.dtype | None
+    base_model: str
+    steps: int | None
+    default_size: Size | None
+    warmup: tuple[Size, ...]
+    max_pixels: int
+    max_steps: int
+    max_n: int
+    max_queue: int
+    resolution_binning: bool
+    max_batch: int
+    batch_window_ms: float
+    batch_work_limit: int
+    adapters: tuple[AdapterSpec, ...]
+    lora_rank: int | None
+    lora_gpu_slots: int | None
+    compile: bool
+    bcg: bool
+    injections: Mapping[str, str] = field(default_factory=dict)
+    api_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether ``model`` names a family (built with random weights at ``size``), not a checkpoint."""
+        return self.model in pipelines.list_families()
+
+
+def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, device: bool = True) -> ServerPlan:
+    """``args`` checked (``parser.error`` for a bad option, in the order ``bcg-serve`` always checked them) into a
+    :class:`ServerPlan`; with ``device=False`` the device is neither chosen nor checked (``device``/``dtype``
+    ``None``)."""
+    check_numbers(args, parser)
+    warmup = [parse_size_option(s.strip(), "--warmup", parser) for s in args.warmup.split(",")] if args.warmup else []
+    default_size = parse_size_option(args.default_size.strip(), "--default-size", parser) if args.default_size else None
+    injections, key, adapters = read_injections(args, parser), api_key(args, parser), lora_specs(args, parser)
+    chosen = choose_device(args, parser) if device else None
+    spec = family_or_checkpoint(args.model, parser)
+    check_family(spec, args, parser)
+    check_sizes(spec, warmup + ([default_size] if default_size else []), args.max_pixels, parser)
+    if chosen is not None and spec is not None and args.size == "full" and chosen.type != "cuda" and not args.yes:
+        parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU (tens of GiB, minutes "
+                     "per step); pass --yes to build it anyway")
+    return ServerPlan(
+        model=args.model, spec=spec, size=args.size, yes=args.yes, device=chosen,
+        dtype=pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None,
+        base_model=args.served_model_name or args.model, steps=args.steps, default_size=default_size,
+        warmup=tuple(warmup), max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n,
+        max_queue=args.max_queue, resolution_binning=not args.no_resolution_binning, max_batch=args.max_batch,
+        batch_window_ms=args.batch_window_ms, batch_work_limit=args.batch_work_limit, adapters=tuple(adapters),
+        lora_rank=args.lora_rank, lora_gpu_slots=args.lora_gpu_slots, compile=bool(args.compile), bcg=bool(args.bcg),
+        injections=injections, api_key=key, host=args.host, port=args.port)
+
+
+def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for a count, limit, window or port out of range."""
+    for name in POSITIVE_OPTIONS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+    if args.steps is not None and args.steps > args.max_steps:
+        parser.error(f"--steps {args.steps} is above --max-steps {args.max_steps}: a request without "
+                     "num_inference_steps would be refused; lower --steps or raise --max-steps")
+    if args.batch_window_ms < 0 or args.batch_work_limit < 0:
+        parser.error("--batch-window-ms and --batch-work-limit must be >= 0")
+    if args.served_model_name is not None and not 0 < len(args.served_model_name) <= 256:
+        parser.error("--served-model-name must have 1 .. 256 characters")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
+
+
+def parse_size_option(text: str, name: str, parser: argparse.ArgumentParser) -> Size:
+    from .requests import RequestError, parse_size
+
+    try:
+        return parse_size(text, param=name)
+    except RequestError as exc:
+        parser.error(exc.message)
+
+
+def read_injections(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``--inject KIND:PROMPT`` as prompt -> kind; ``parser.error`` for a malformed one."""
+    from .worker import parse_injection
+
+    injections = {}
+    for text in args.inject:
+        try:
+            kind, prompt = parse_injection(text)
+        except ValueError as exc:
+            parser.error(str(exc))
+        injections[prompt] = kind
+    return injections
+
+
+def api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """The API key: ``--api-key``, else :data:`API_KEY_VARIABLE` (empty means none); ``parser.error`` for a key
+    that cannot travel in a header."""
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+    if key is not None and not API_KEY_PATTERN.fullmatch(key):
+        source = "--api-key" if args.api_key is not None else API_KEY_VARIABLE
+        parser.error(f"{source}: an API key is visible ASCII characters without spaces (it is sent as "
+                     "'Authorization: Bearer <key>')")
+    return key
+
+
+def check_family(spec, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for what a family cannot do, before anything is built: videos, a default step count above
+    ``--max-steps``, ``--no-resolution-binning`` on a pipeline that does not bin (as ``generate.py``); a
+    checkpoint's are checked once it is loaded."""
+    if spec is None:
+        return
+    if spec.is_video:
+        images = [n for n in pipelines.list_families() if not pipelines.get_family(n).is_video]
+        parser.error(f"--model {spec.name} makes videos; serve.py serves images (the OpenAI images API): "
+                     f"choose one of {', '.join(images)}")
+    if args.steps is None and spec.default_steps > args.max_steps:
+        parser.error(f"{spec.name}'s default of {spec.default_steps} steps is above --max-steps {args.max_steps}: a "
+                     "request without num_inference_steps would be refused; give --steps or raise --max-steps")
+    if args.no_resolution_binning:
+        check_binning_flag(spec, parser)
+
+
+def check_sizes(spec, sizes: list[Size], max_pixels: int, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for a --warmup or --default-size the family cannot make, before anything is built
+    (a checkpoint's sizes are checked once it is loaded)."""
+    for width, height in sizes:
+        if spec is not None and (width % spec.spatial_multiple or height % spec.spatial_multiple):
+            parser.error(f"size {width}x{height}: width and height must be positive multiples of "
+                         f"{spec.spatial_multiple} for {spec.name} (VAE scale factor x patch size)")
+        if width * height > max_pixels:
+            parser.error(f"size {width}x{height} has {width * height} pixels, above --max-pixels {max_pixels}")
+
+
+def is_loopback(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return host == "localhost"
+
+
+def warn_if_open(plan: ServerPlan) -> None:
+    """The warning of a server reachable from other machines without an API key (on stderr)."""
+    if not is_loopback(plan.host) and plan.api_key is None:
+        print(f"warning: --host {plan.host}: the server is reachable from other machines and requires no API key; "
+              f"give it one with --api-key or {API_KEY_VARIABLE}", file=sys.stderr)
