@@ -79,6 +79,12 @@ class ServerState:
     def alive(self) -> bool:
         return self.worker.alive and (self.batcher is None or self.batcher.alive)
 
+    def stop(self) -> None:
+        """Stop the batcher (if any), then the worker thread."""
+        if self.batcher is not None:
+            self.batcher.stop()
+        self.worker.stop()
+
     def batching_stats(self) -> dict[str, Any]:
         """``/stats`` ``batching``: the batcher's numbers, or ``{"enabled": false, "max_batch": 1}``."""
         if self.batcher is None:

@@ -7,12 +7,20 @@ in the OpenAI error format too (:func:`json_400_protocol`), not uvicorn's plain 
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import socket
+import sys
 from typing import Callable
 
-__all__ = ["BAD_HTTP_MESSAGE", "LISTENING_PREFIX", "bind_socket", "json_400_protocol", "serve", "url_of"]
+from bcg_diffusion.toolkit.options import Failure
 
+__all__ = ["API_KEY_VARIABLE", "BAD_HTTP_MESSAGE", "LISTENING_PREFIX", "bind_socket", "is_loopback", "json_400_protocol", "reserve_port",
+           "serve", "url_of", "warn_if_open"]
+
+#: The environment variable that holds the API key when --api-key is not given (vLLM's VLLM_API_KEY, here).
+API_KEY_VARIABLE = "BCG_API_KEY"
 #: The message of the 400 for a request the HTTP parser refuses.
 BAD_HTTP_MESSAGE = ("the HTTP request could not be parsed: a malformed request line or header, such as a "
                     "Content-Length that is not a whole number of bytes; send a valid HTTP/1.1 request")
@@ -66,6 +74,28 @@ def bind_socket(host: str, port: int, listen: bool = True) -> socket.socket:
     if listen:
         sock.listen(128)
     return sock
+
+
+def is_loopback(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return host == "localhost"
+
+
+def warn_if_open(host: str, api_key: str | None) -> None:
+    """On stderr, the warning of a server reachable from other machines (``host`` not loopback) without an API key."""
+    if not is_loopback(host) and api_key is None:
+        print(f"warning: --host {host}: the server is reachable from other machines and requires no API key; "
+              f"give it one with --api-key or {API_KEY_VARIABLE}", file=sys.stderr)
+
+
+def reserve_port(host: str, port: int, command: str) -> socket.socket:
+    """Bind (not listen) now, so a port in use fails before the build (``Failure``, exit code 2, its line starting
+    with ``command``); connections are refused until listening."""
+    try:
+        return bind_socket(host, port, listen=False)
+    except OSError as exc:
+        raise Failure(2, f"{command}: error: cannot bind {host}:{port}: {exc}") from exc
 
 
 def url_of(sock: socket.socket) -> str:

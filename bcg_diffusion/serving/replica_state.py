@@ -17,7 +17,7 @@ from bcg_diffusion.toolkit.options import Failure
 
 from . import server
 from .app import ServerState
-from .server_build import build_server, stop_server
+from .server_build import build_server
 from .server_plan import ServerPlan, read_plan
 
 __all__ = ["ServerOptionsError", "build_server_state", "check_server_args", "parse_server_args", "stop_server_state"]
@@ -67,4 +67,4 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
 
 def stop_server_state(state: ServerState) -> None:
     """Stop what :func:`build_server_state` started: the batcher (if any), then the worker thread."""
-    stop_server(state)
+    state.stop()

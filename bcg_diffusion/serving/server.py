@@ -18,23 +18,22 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 
 from bcg_diffusion.toolkit.choices import MAX_STEPS
-from bcg_diffusion.toolkit.options import Failure, add_model_options, quiet_known_messages
+from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 
-from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
+from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve, warn_if_open  # uvicorn once serving
 from .replica_options import add_replica_arguments  # no Ray
-from .server_plan import API_KEY_VARIABLE, prog
+from .server_plan import prog
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
     from .adapter_options import add_lora_options
     from .app import create_app
     from .batching import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT
-    from .server_build import build_server, stop_server
-    from .server_plan import read_plan, warn_if_open
+    from .server_build import build_server
+    from .server_plan import read_plan
 except ModuleNotFoundError as exc:  # the serve extra is not installed
     if exc.name not in SERVE_EXTRA_MODULES:
         raise
@@ -123,14 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """Bind (not listen) now, so a port in use fails before the build; connections are refused until listening."""
-    try:
-        return bind_socket(host, port, listen=False)
-    except OSError as exc:
-        raise Failure(2, f"{prog()}: error: cannot bind {host}:{port}: {exc}") from exc
-
-
 def announce(url: str) -> None:
     print(f"{LISTENING_PREFIX}{url}", flush=True)
 
@@ -139,12 +130,12 @@ def start(args, parser) -> int:
     """Read the command line into a plan (exit 2 for a bad option), reserve the port, build and warm the server,
     serve until stopped; the exit status."""
     plan = read_plan(args, parser)
-    warn_if_open(plan)
-    sock = reserve_port(plan.host, plan.port)
+    warn_if_open(plan.host, plan.api_key)
+    sock = reserve_port(plan.host, plan.port, prog())
     try:
         state = build_server(plan)
         serve(create_app(state), sock, announce)
-        stop_server(state)
+        state.stop()
     finally:
         sock.close()
     return 0

@@ -7,7 +7,6 @@ code 1, or 2 for what the options asked and the model cannot do); the lines prin
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 import bcg_diffusion
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.options import Failure, offline_hint
-from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile
+from bcg_diffusion.toolkit.speedups import speed_up
 
 from .adapter_options import attach_adapters, warm_adapters
 from .app import ServerState
@@ -28,7 +27,7 @@ from .server_plan import ServerPlan, prog
 from .startup_warmup import run_warmup
 from .worker import ImageGenerator, PipelineWorker, ServerCounters
 
-__all__ = ["CHECKPOINT_DEFAULT_SIZE", "CHECKPOINT_DEFAULT_STEPS", "build_server", "make_planner", "stop_server"]
+__all__ = ["CHECKPOINT_DEFAULT_SIZE", "CHECKPOINT_DEFAULT_STEPS", "build_server", "make_planner"]
 
 CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
 CHECKPOINT_DEFAULT_STEPS = 28
@@ -36,15 +35,16 @@ CHECKPOINT_DEFAULT_STEPS = 28
 
 def build_server(plan: ServerPlan) -> ServerState:
     """Build, speed up and warm the pipeline of ``plan`` (printing what it does); the state of its application.
-    The worker thread started here is stopped again when the warm-up fails."""
+    The worker thread started here is stopped again when the warm-up fails; ``ServerState.stop`` stops it."""
     print(f"building {plan.model} ({plan.size if plan.spec is not None else 'weights'}) on {plan.device} in "
           f"{pipelines.dtype_name(plan.dtype)} ...", flush=True)
     t0 = time.perf_counter()
     pipe, spec = build_pipeline(plan)
     adapters = attach_adapters(pipe, list(plan.adapters), plan.base_model, prog(), rank=plan.lora_rank,
                                gpu_slots=plan.lora_gpu_slots)  # before BCG
-    notes = speed_up(pipe, plan)
-    planner = make_planner(pipe, spec, plan)
+    notes = speed_up(pipe, compile=plan.compile, bcg=plan.bcg, on_cuda=plan.device.type == "cuda")
+    granularity = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
+    planner = make_planner(pipe, spec, plan, granularity)
     if adapters is not None:
         planner.adapter_ids = tuple(adapters.names)
         notes.append(f"LoRA adapters: {', '.join(adapters.names)} (hot-swap rank {adapters.target_rank}, "
@@ -63,13 +63,6 @@ def build_server(plan: ServerPlan) -> ServerState:
                if shapes is not None else None)
     return ServerState(planner, worker, generator, counters, server_info(plan, spec, pipe, planner, warmup),
                        plan.max_queue, api_key=plan.api_key, batcher=batcher)
-
-
-def stop_server(state: ServerState) -> None:
-    """Stop what :func:`build_server` started: the batcher (if any), then the worker thread."""
-    if state.batcher is not None:
-        state.batcher.stop()
-    state.worker.stop()
 
 
 def build_pipeline(plan: ServerPlan):
@@ -98,26 +91,6 @@ def build_pipeline(plan: ServerPlan):
     return pipe, spec
 
 
-def speed_up(pipe, plan: ServerPlan) -> list[str]:
-    """``--compile`` then ``--bcg`` (BCG captures the compiled kernels); the notes to print."""
-    notes = []
-    if plan.compile:
-        try:
-            notes.append(regional_compile(pipe.transformer))
-        except Exception as exc:  # noqa: BLE001
-            raise Failure(1, f"error: --compile: {type(exc).__name__}: {exc}") from exc
-    if plan.bcg:
-        on_cuda = plan.device.type == "cuda"
-        try:
-            with contextlib.nullcontext() if on_cuda else quiet_library_warnings():
-                bcg_diffusion.accelerate_pipeline(pipe)
-        except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError
-            raise Failure(1, f"error: BCG could not be applied: {type(exc).__name__}: {exc}") from exc
-        notes.append("BCG on" if on_cuda else
-                     "note: BCG needs a CUDA GPU and none is in use here, so every call runs eagerly")
-    return notes
-
-
 def default_steps(pipe, spec, steps: int | None) -> int:
     """A request's default step count: ``steps`` (``--steps``), else the family's, else the pipeline's own."""
     if steps is not None:
@@ -135,11 +108,10 @@ def model_size(plan: ServerPlan) -> str:
     return plan.size if plan.random_weights else "full"
 
 
-def make_planner(pipe, spec, plan: ServerPlan) -> RequestPlanner:
-    """The request planner of ``pipe`` under the plan's limits and defaults; ``Failure`` (2) when the default
-    request itself is invalid."""
-    g = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
-    limits = RequestLimits(granularity=g, max_pixels=plan.max_pixels, max_steps=plan.max_steps, max_n=plan.max_n)
+def make_planner(pipe, spec, plan: ServerPlan, granularity: int) -> RequestPlanner:
+    """The request planner of ``pipe`` under the plan's limits and defaults (``granularity``: the pipeline's
+    :func:`~.granularity.pixel_granularity`); ``Failure`` (2) when the default request itself is invalid."""
+    limits = RequestLimits(granularity=granularity, max_pixels=plan.max_pixels, max_steps=plan.max_steps, max_n=plan.max_n)
     size = model_size(plan)
     default_size = plan.default_size
     if default_size is None:

@@ -10,11 +10,8 @@ anything is built; the replicas' parser (:mod:`.replica_state`) raises there ins
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ipaddress
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -25,12 +22,10 @@ from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, com
 
 from .adapter_options import lora_specs
 from .adapters import AdapterSpec
+from .listen import API_KEY_VARIABLE
 
-__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "is_loopback", "prog", "read_plan",
-           "warn_if_open"]
+__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "prog", "read_plan"]
 
-#: The environment variable that holds the API key when --api-key is not given (vLLM's VLLM_API_KEY, here).
-API_KEY_VARIABLE = "BCG_API_KEY"
 #: An API key: visible ASCII, no spaces (it travels as ``Authorization: Bearer <key>``).
 API_KEY_PATTERN = re.compile(r"[!-~]+")
 #: Options that must be >= 1 when given.
@@ -98,20 +93,17 @@ class ServerPlan:
 
 
 def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, device: bool = True) -> ServerPlan:
-    """``args`` checked (``parser.error`` for a bad option, in the order ``bcg-serve`` always checked them) into a
-    :class:`ServerPlan`; with ``device=False`` the device is neither chosen nor checked (``device``/``dtype``
-    ``None``)."""
+    """``args`` checked (``parser.error`` for a bad option, exit code 2) into a :class:`ServerPlan`; with
+    ``device=False`` the device is neither chosen nor checked (``device`` and ``dtype`` are ``None``)."""
     check_numbers(args, parser)
-    warmup = [parse_size_option(s.strip(), "--warmup", parser) for s in args.warmup.split(",")] if args.warmup else []
-    default_size = parse_size_option(args.default_size.strip(), "--default-size", parser) if args.default_size else None
-    injections, key, adapters = read_injections(args, parser), api_key(args, parser), lora_specs(args, parser)
+    key = api_key(args, parser)
+    warmup, default_size, injections = parse_values(args, parser)
+    adapters = lora_specs(args, parser)
     chosen = choose_device(args, parser) if device else None
     spec = family_or_checkpoint(args.model, parser)
-    check_family(spec, args, parser)
-    check_sizes(spec, warmup + ([default_size] if default_size else []), args.max_pixels, parser)
-    if chosen is not None and spec is not None and args.size == "full" and chosen.type != "cuda" and not args.yes:
-        parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU (tens of GiB, minutes "
-                     "per step); pass --yes to build it anyway")
+    if spec is not None and args.no_resolution_binning:
+        check_binning_flag(spec, parser)
+    check_model(spec, args, warmup + ([default_size] if default_size else []), chosen, parser)
     return ServerPlan(
         model=args.model, spec=spec, size=args.size, yes=args.yes, device=chosen,
         dtype=pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None,
@@ -140,19 +132,20 @@ def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
 
 
-def parse_size_option(text: str, name: str, parser: argparse.ArgumentParser) -> Size:
+def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """``--warmup`` (a list of sizes), ``--default-size`` (a size or ``None``) and ``--inject`` (prompt -> kind);
+    ``parser.error`` for a malformed one."""
     from .requests import RequestError, parse_size
-
-    try:
-        return parse_size(text, param=name)
-    except RequestError as exc:
-        parser.error(exc.message)
-
-
-def read_injections(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
-    """``--inject KIND:PROMPT`` as prompt -> kind; ``parser.error`` for a malformed one."""
     from .worker import parse_injection
 
+    sizes = {"--warmup": [s.strip() for s in args.warmup.split(",")] if args.warmup else [],
+             "--default-size": [args.default_size.strip()] if args.default_size else []}
+    parsed = {}
+    for name, texts in sizes.items():
+        try:
+            parsed[name] = [parse_size(text, param=name) for text in texts]
+        except RequestError as exc:
+            parser.error(exc.message)
     injections = {}
     for text in args.inject:
         try:
@@ -160,7 +153,7 @@ def read_injections(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         except ValueError as exc:
             parser.error(str(exc))
         injections[prompt] = kind
-    return injections
+    return parsed["--warmup"], (parsed["--default-size"] or [None])[0], injections
 
 
 def api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
@@ -174,42 +167,24 @@ def api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | 
     return key
 
 
-def check_family(spec, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def check_model(spec, args: argparse.Namespace, sizes: list[Size], device: torch.device | None,
+                parser: argparse.ArgumentParser) -> None:
     """``parser.error`` for what a family cannot do, before anything is built: videos, a default step count above
-    ``--max-steps``, ``--no-resolution-binning`` on a pipeline that does not bin (as ``generate.py``); a
-    checkpoint's are checked once it is loaded."""
-    if spec is None:
-        return
-    if spec.is_video:
+    ``--max-steps``, a --warmup or --default-size it cannot make, ``--size full`` without CUDA (unless ``--yes``);
+    a checkpoint's are checked once it is loaded (only ``--max-pixels`` here)."""
+    if spec is not None and spec.is_video:
         images = [n for n in pipelines.list_families() if not pipelines.get_family(n).is_video]
         parser.error(f"--model {spec.name} makes videos; serve.py serves images (the OpenAI images API): "
                      f"choose one of {', '.join(images)}")
-    if args.steps is None and spec.default_steps > args.max_steps:
+    if spec is not None and args.steps is None and spec.default_steps > args.max_steps:
         parser.error(f"{spec.name}'s default of {spec.default_steps} steps is above --max-steps {args.max_steps}: a "
                      "request without num_inference_steps would be refused; give --steps or raise --max-steps")
-    if args.no_resolution_binning:
-        check_binning_flag(spec, parser)
-
-
-def check_sizes(spec, sizes: list[Size], max_pixels: int, parser: argparse.ArgumentParser) -> None:
-    """``parser.error`` for a --warmup or --default-size the family cannot make, before anything is built
-    (a checkpoint's sizes are checked once it is loaded)."""
     for width, height in sizes:
         if spec is not None and (width % spec.spatial_multiple or height % spec.spatial_multiple):
             parser.error(f"size {width}x{height}: width and height must be positive multiples of "
                          f"{spec.spatial_multiple} for {spec.name} (VAE scale factor x patch size)")
-        if width * height > max_pixels:
-            parser.error(f"size {width}x{height} has {width * height} pixels, above --max-pixels {max_pixels}")
-
-
-def is_loopback(host: str) -> bool:
-    with contextlib.suppress(ValueError):
-        return ipaddress.ip_address(host).is_loopback
-    return host == "localhost"
-
-
-def warn_if_open(plan: ServerPlan) -> None:
-    """The warning of a server reachable from other machines without an API key (on stderr)."""
-    if not is_loopback(plan.host) and plan.api_key is None:
-        print(f"warning: --host {plan.host}: the server is reachable from other machines and requires no API key; "
-              f"give it one with --api-key or {API_KEY_VARIABLE}", file=sys.stderr)
+        if width * height > args.max_pixels:
+            parser.error(f"size {width}x{height} has {width * height} pixels, above --max-pixels {args.max_pixels}")
+    if device is not None and spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:
+        parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU (tens of GiB, minutes "
+                     "per step); pass --yes to build it anyway")

@@ -9,7 +9,10 @@ import warnings
 
 import torch
 
+import bcg_diffusion
+
 from .choices import CP_MODES  # ``--cp`` values (ulysses_degree, ring_degree); the parser reads them from .choices
+from .options import Failure
 
 __all__ = [
     "CP_MODES",
@@ -23,6 +26,7 @@ __all__ = [
     "regional_compile",
     "regional_compile_all",
     "set_attention_backend",
+    "speed_up",
 ]
 
 
@@ -37,6 +41,26 @@ def quiet_library_warnings():
             yield
         finally:
             logging.disable(previous)
+
+
+def speed_up(pipe, *, compile: bool, bcg: bool, on_cuda: bool) -> list[str]:
+    """``--compile`` then ``--bcg`` on ``pipe`` (BCG captures the compiled kernels; without CUDA it runs eagerly,
+    its warnings silenced); the notes to print. ``Failure`` (exit code 1) saying which step failed."""
+    notes = []
+    if compile:
+        try:
+            notes.append(regional_compile(pipe.transformer))
+        except Exception as exc:  # noqa: BLE001
+            raise Failure(1, f"error: --compile: {type(exc).__name__}: {exc}") from exc
+    if bcg:
+        try:
+            with contextlib.nullcontext() if on_cuda else quiet_library_warnings():
+                bcg_diffusion.accelerate_pipeline(pipe)
+        except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError
+            raise Failure(1, f"error: BCG could not be applied: {type(exc).__name__}: {exc}") from exc
+        notes.append("BCG on" if on_cuda else
+                     "note: BCG needs a CUDA GPU and none is in use here, so every call runs eagerly")
+    return notes
 
 
 def regional_compile(transformer, **compile_kwargs) -> str:

@@ -30,6 +30,7 @@ from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters
 from bcg_diffusion.serving.adapters import AdapterBank, AdapterSpec  # noqa: E402
 from bcg_diffusion.serving.app import ServerState, create_app  # noqa: E402
 from bcg_diffusion.serving.png import encode_png_b64  # noqa: E402
+from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
 from bcg_diffusion.serving.server_build import make_planner  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
 from bcg_diffusion.serving.worker import ImageGenerator, PipelineWorker, ServerCounters  # noqa: E402
@@ -65,7 +66,7 @@ def serving(loras: dict[str, Path] | None, slots: int | None = None, rank: int |
     pipe = _pipe()
     specs = [AdapterSpec(n, str(p)) for n, p in (loras or {}).items()]
     bank = attach_adapters(pipe, specs, BASE, "bcg-serve", rank=rank, gpu_slots=slots)
-    planner = make_planner(pipe, pipelines.get_family("flux"), _plan())
+    planner = make_planner(pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(pipe, 16))
     if bank is not None:
         planner.adapter_ids = tuple(bank.names)
     worker = PipelineWorker()
@@ -124,7 +125,7 @@ def _twin_image(path: Path, name: str, scale: float | None, planner) -> str:
 @pytest.mark.parametrize("name, scale", [("anime", None), ("sketch", None), ("noir", None), ("sketch", 0.5)])
 def test_an_adapter_equals_a_twin_with_diffusers_load_lora_weights(loras, adapted, name, scale):
     client, generator = adapted
-    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan())
+    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(generator.pipe, 16))
     served = image(client, model=name, **({} if scale is None else {"lora_scale": scale}))
     assert served == _twin_image(loras[name], name, scale, planner)
 
@@ -270,7 +271,7 @@ def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys)
 
 def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
     client, generator = adapted
-    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan())
+    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(generator.pipe, 16))
     planner.adapter_ids = tuple(NAMES)
 
     def job(**fields):

@@ -25,6 +25,7 @@ import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.serving import server  # noqa: E402
 from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters  # noqa: E402
 from bcg_diffusion.serving.adapters import AdapterSpec  # noqa: E402
+from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
 from bcg_diffusion.serving.server_build import make_planner  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
 from bcg_diffusion.serving.startup_warmup import run_warmup  # noqa: E402
@@ -56,7 +57,7 @@ def _served(loras, accelerate: bool, adapters: bool = True):
     bank = attach_adapters(pipe, specs, "flux", "bcg-serve", gpu_slots=2)
     if accelerate:
         bcg_diffusion.accelerate_pipeline(pipe)
-    planner = make_planner(pipe, pipelines.get_family("flux"), _plan())
+    planner = make_planner(pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(pipe, 16))
     if bank is not None:
         planner.adapter_ids = tuple(bank.names)
     worker = PipelineWorker()
