@@ -23,7 +23,7 @@ import sys
 from bcg_diffusion.toolkit.choices import MAX_STEPS
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 
-from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve, warn_if_open  # uvicorn once serving
+from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
 from .replica_options import add_replica_arguments  # no Ray
 from .server_plan import prog
 
@@ -129,8 +129,7 @@ def announce(url: str) -> None:
 def start(args, parser) -> int:
     """Read the command line into a plan (exit 2 for a bad option), reserve the port, build and warm the server,
     serve until stopped; the exit status."""
-    plan = read_plan(args, parser)
-    warn_if_open(plan.host, plan.api_key)
+    plan = read_plan(args, parser, warn_open_host=True)
     sock = reserve_port(plan.host, plan.port, prog())
     try:
         state = build_server(plan)

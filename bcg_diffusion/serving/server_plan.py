@@ -22,7 +22,7 @@ from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, com
 
 from .adapter_options import lora_specs
 from .adapters import AdapterSpec
-from .listen import API_KEY_VARIABLE
+from .listen import API_KEY_VARIABLE, warn_if_open
 
 __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "prog", "read_plan"]
 
@@ -92,13 +92,18 @@ class ServerPlan:
         return self.model in pipelines.list_families()
 
 
-def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, device: bool = True) -> ServerPlan:
+def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, device: bool = True,
+              warn_open_host: bool = False) -> ServerPlan:
     """``args`` checked (``parser.error`` for a bad option, exit code 2) into a :class:`ServerPlan`; with
-    ``device=False`` the device is neither chosen nor checked (``device`` and ``dtype`` are ``None``)."""
+    ``device=False`` the device is neither chosen nor checked (``device`` and ``dtype`` are ``None``). With
+    ``warn_open_host``, a ``--host`` reachable from other machines without an API key is warned about once the
+    options are read, before the device and the model are checked."""
     check_numbers(args, parser)
     key = api_key(args, parser)
     warmup, default_size, injections = parse_values(args, parser)
     adapters = lora_specs(args, parser)
+    if warn_open_host:
+        warn_if_open(args.host, key)
     chosen = choose_device(args, parser) if device else None
     spec = family_or_checkpoint(args.model, parser)
     if spec is not None and args.no_resolution_binning:
