@@ -3,7 +3,8 @@
 :func:`parse_server_args` reads ``bcg-serve``'s own options (the same parser, so the same checks and messages),
 raising :class:`ServerOptionsError` instead of exiting; :func:`check_server_args` runs every check that needs no
 pipeline (safe on a machine without the GPU the replicas will get); :func:`build_server_state` builds, speeds up
-and warms the pipeline as ``bcg-serve`` does before it listens, and returns the :class:`~.app.ServerState` that
+and warms the pipeline with ``bcg-serve``'s own start-up (:func:`~.server_build.build_server`, from the
+:class:`~.server_plan.ServerPlan` of the options), and returns the :class:`~.app.ServerState` that
 :func:`~.app.create_app` serves. Nothing here imports Ray.
 """
 
