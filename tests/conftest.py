@@ -21,9 +21,18 @@ from pathlib import Path
 # block can differ in their last bits; the compile tests compare compiled runs bitwise. Set before
 # torch is imported (Inductor reads it once); subprocesses (servers, torchrun workers) inherit it.
 os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
+# One CPU thread per process: the tests run tiny models, where a second thread buys nothing, and OpenMP's
+# waiting threads spin: with two pytest workers (or a server the test started) on two cores, two threads per
+# process made the CPU tests take four times the CPU time (docs/testing.md). Set before torch is imported (the
+# OpenMP runtime reads it once); the processes the tests start inherit it. An explicit value wins.
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"].isdigit():  # also where torch was imported before this file
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import _sabotage  # noqa: E402
 from bcg_diffusion.core.handles import live_handles  # noqa: E402
