@@ -33,6 +33,11 @@ import torch  # noqa: E402
 
 if os.environ["OMP_NUM_THREADS"].isdigit():  # also where torch was imported before this file
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if not torch.cuda.is_available():
+    # Without CUDA, Inductor compiles C++ only: a pool of compile workers (fresh processes that import
+    # torch) costs more than it saves on the tests' tiny graphs. Set before Inductor's config is imported
+    # (bcg_diffusion imports it, below); the processes the tests start inherit it.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import _sabotage  # noqa: E402
 from bcg_diffusion.core.handles import live_handles  # noqa: E402
