@@ -1,4 +1,8 @@
-"""What the integration knows about each supported transformer class."""
+"""What the integration knows about each supported transformer class, by class name.
+
+The library knows no family names: which model families exist, and the transformer class each one runs, is
+``bcg_pipelines``' (``bcg_pipelines.families.FAMILIES``).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ class TransformerInfo:
     """Per-class knowledge.
 
     Attributes:
-        family: family name as in ``pipelines`` (``"flux"``, ...).
         text_kwarg / text_mask_kwarg: the text sequence input and its mask, where the model takes
             a mask and the text length varies per prompt (the only case where ``text_buckets``
             padding applies).
@@ -28,7 +31,6 @@ class TransformerInfo:
             breaks (they build tensors on the host inside ``forward``).
     """
 
-    family: str
     text_kwarg: str | None = None
     text_mask_kwarg: str | None = None
     value_keyed: tuple[str, ...] = ()
@@ -36,25 +38,24 @@ class TransformerInfo:
 
 
 KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
-    "FluxTransformer2DModel": TransformerInfo("flux"),
-    "SD3Transformer2DModel": TransformerInfo("sd3"),
-    "PixArtTransformer2DModel": TransformerInfo("pixart"),
-    "SanaTransformer2DModel": TransformerInfo("sana"),
-    "WanTransformer3DModel": TransformerInfo("wan"),
+    "FluxTransformer2DModel": TransformerInfo(),
+    "SD3Transformer2DModel": TransformerInfo(),
+    "PixArtTransformer2DModel": TransformerInfo(),
+    "SanaTransformer2DModel": TransformerInfo(),
+    "WanTransformer3DModel": TransformerInfo(),
     "QwenImageTransformer2DModel": TransformerInfo(
-        "qwenimage",
         text_kwarg="encoder_hidden_states",
         text_mask_kwarg="encoder_hidden_states_mask",
         # with a text mask it calls torch.as_tensor(<python int>, device=cuda): a host copy
         eager_functions=("compute_text_seq_len_from_mask",),
     ),
-    "HunyuanVideoTransformer3DModel": TransformerInfo("hunyuanvideo"),
-    "LTXVideoTransformer3DModel": TransformerInfo("ltx"),
-    "CogVideoXTransformer3DModel": TransformerInfo("cogvideox"),
-    "Lumina2Transformer2DModel": TransformerInfo("lumina2", value_keyed=("encoder_attention_mask",)),
-    "ZImageTransformer2DModel": TransformerInfo("zimage"),
-    "ChromaTransformer2DModel": TransformerInfo("chroma"),
-    "Flux2Transformer2DModel": TransformerInfo("flux2"),
+    "HunyuanVideoTransformer3DModel": TransformerInfo(),
+    "LTXVideoTransformer3DModel": TransformerInfo(),
+    "CogVideoXTransformer3DModel": TransformerInfo(),
+    "Lumina2Transformer2DModel": TransformerInfo(value_keyed=("encoder_attention_mask",)),
+    "ZImageTransformer2DModel": TransformerInfo(),
+    "ChromaTransformer2DModel": TransformerInfo(),
+    "Flux2Transformer2DModel": TransformerInfo(),
 }
 
 
@@ -91,7 +92,7 @@ def transformer_info(module: torch.nn.Module, allow_unknown: bool | None) -> Tra
                 "scaled_dot_product_attention, narrowing and module mode where it does host work), verified on %s",
                 name, ZOO_VERIFIED,
             )
-        return TransformerInfo(family="generic")
+        return TransformerInfo()
     known = ", ".join(sorted(KNOWN_TRANSFORMERS))
     what = "is not a diffusers model class" if allow_unknown is None else "is not one of the known classes"
     raise UnknownTransformerError(

@@ -20,8 +20,6 @@ Public API::
     resolve_device(device), resolve_dtype(dtype, device); DTYPES, DTYPE_NAMES, dtype_name(dtype)
 """
 
-import bcg_diffusion  # noqa: F401 - first: its import drops known-harmless library messages (bcg_diffusion.quiet_known_messages)
-
 from .build import build_pipeline
 from .calls import call_parameters, fit_call, generated, plan_call
 from .describe import FamilyDescription, describe, transformer_param_count

@@ -4,8 +4,8 @@ A family is one published diffusers pipeline (Flux.1-dev, SD3.5-medium, ...). It
 names the real diffusers classes, the published transformer config (``full``) and a tiny config with the
 same block structure (``tiny``), the VAE and text encoders, the scheduler, default call settings and how
 classifier-free guidance (CFG) is run. Family modules live in :mod:`bcg_pipelines.family_specs`; this module only
-holds the data types and the lookups over them. Which families exist, and in which order, is the library's
-``bcg_diffusion.KNOWN_TRANSFORMERS``.
+holds the data types and the lookups over them. Which families exist, and in which order, is
+:data:`bcg_pipelines.families.FAMILIES`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
+
+from .families import FAMILIES
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +43,6 @@ CFG_MODES = ("batched", "two_calls", "embedded", "none")
 
 #: Size names accepted by :func:`bcg_pipelines.build_pipeline`.
 SIZES = ("tiny", "full")
-
-
-def _supported_families() -> dict[str, str]:
-    """Family name -> transformer class name, in the order of the library's ``KNOWN_TRANSFORMERS``:
-    the one list of supported families (the registry, the scripts and the docs follow it)."""
-    from bcg_diffusion import KNOWN_TRANSFORMERS
-
-    return {info.family: class_name for class_name, info in KNOWN_TRANSFORMERS.items()}
 
 
 def _frozen(mapping: Mapping | None) -> Mapping:
@@ -191,12 +185,12 @@ class FamilySpec:
 def _registry() -> Mapping[str, FamilySpec]:
     """One spec per supported family, from module ``bcg_pipelines.family_specs.<family>``."""
     specs = {}
-    for name, transformer_class_name in _supported_families().items():
+    for name, transformer_class_name in FAMILIES.items():
         spec: FamilySpec = importlib.import_module(f"{__package__}.family_specs.{name}").SPEC
         if (spec.name, spec.transformer_class_name) != (name, transformer_class_name):
             raise RuntimeError(f"{__package__}.family_specs.{name} defines family {spec.name!r} with transformer "
-                               f"{spec.transformer_class_name}; bcg_diffusion.KNOWN_TRANSFORMERS maps "
-                               f"{transformer_class_name} to {name!r}")
+                               f"{spec.transformer_class_name}; bcg_pipelines.families.FAMILIES maps "
+                               f"{name!r} to {transformer_class_name}")
         specs[name] = spec
     return MappingProxyType(specs)
 

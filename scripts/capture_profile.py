@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""where a capture's time goes, and the first image (docs/benchmarks.md); the code is :mod:`bcg_diffusion.benchmarks.capture_profile`."""
+"""where a capture's time goes, and the first image (docs/benchmarks.md); the code is :mod:`bcg_diffusion.benchmarks.profile.capture_profile`."""
 
 import sys
 
-from bcg_diffusion.benchmarks.capture_profile import main
+from bcg_diffusion.benchmarks.profile.capture_profile import main
 
 if __name__ == "__main__":
     sys.exit(main())

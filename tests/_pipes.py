@@ -5,7 +5,7 @@ import contextlib
 import torch
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.cache_option import cache_config, enable_cache
+from bcg_diffusion.toolkit.cache_option import cache_config, enable_cache
 
 PROMPT = "a red fox jumping over a frozen river at dawn"
 

@@ -16,16 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 MODULES = {
     "generate": "bcg_diffusion.cli.generate",
-    "serve": "bcg_diffusion.serving.server",
+    "serve": "bcg_diffusion.serving.serve_command",
     "load": "bcg_diffusion.serving.load_test",
-    "bench_step": "bcg_diffusion.benchmarks.bench_step",
-    "bench_shapes": "bcg_diffusion.benchmarks.bench_shapes",
-    "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit_bench",
-    "zoo_bench": "bcg_diffusion.benchmarks.zoo_bench",
-    "zoo_probe": "bcg_diffusion.benchmarks.zoo_probe",
-    "capture_profile": "bcg_diffusion.benchmarks.capture_profile",
-    "compile_cache_check": "bcg_diffusion.benchmarks.compile_cache_check",
-    "smoke_full_pipelines": "bcg_diffusion.benchmarks.smoke_full_pipelines",
+    "make_loras": "bcg_diffusion.serving.lora_maker",
+    "bench_step": "bcg_diffusion.benchmarks.step.bench_step",
+    "bench_shapes": "bcg_diffusion.benchmarks.shapes.bench_shapes",
+    "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit.cache_dit_bench",
+    "zoo_bench": "bcg_diffusion.benchmarks.zoo.zoo_bench",
+    "zoo_probe": "bcg_diffusion.benchmarks.zoo.zoo_probe",
+    "capture_profile": "bcg_diffusion.benchmarks.profile.capture_profile",
+    "compile_cache_check": "bcg_diffusion.benchmarks.profile.compile_cache_check",
+    "smoke_full_pipelines": "bcg_diffusion.checks.smoke_full_pipelines",
 }
 
 

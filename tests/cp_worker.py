@@ -388,7 +388,7 @@ def run_pipe_case(case: Case, run: Run, seed: int = 0) -> dict:
 
     import bcg_diffusion as bcg
     import bcg_pipelines as pipelines
-    from bcg_diffusion.cli.cache_option import cache_config, enable_cache
+    from bcg_diffusion.toolkit.cache_option import cache_config, enable_cache
 
     record: dict = {"mismatches": [], "mismatch_count": 0, "calls": 0, "generations": []}
     start = time.monotonic()

@@ -3,4 +3,6 @@
 - :mod:`.planting`: plants work a graph cannot hold or must not bake in at seeded sites of the zoo's
   models and checks each planted model against an eager twin with the same plant
   (``python -m bcg_diffusion.checks.planting --seed S --plants N --out DIR``).
+- :mod:`.smoke_full_pipelines`: every family's FULL pipeline (random weights) built and run on a GPU
+  (``python scripts/smoke_full_pipelines.py``).
 """

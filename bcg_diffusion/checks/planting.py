@@ -22,11 +22,13 @@ seeded alike. The verdict per plant:
 
 A plant whose twin raised or never ran the plant is ``invalid`` (the harness's problem, listed apart).
 Plants are drawn from the seed (the same seed gives the same plants), spread over classes and over every
-(site kind, kind) pair, and run in that order until the time budget ends.
+(site kind, kind) pair, and run in that order until the time budget ends. With ``--jobs N`` the plan runs in
+child processes (N at a time, ``--chunk`` plants each): a native crash (a signal) is then reported as that
+plant's ``crash`` instead of ending the run.
 
 Command line::
 
-    python -m bcg_diffusion.checks.planting --seed 0 --plants 600 --out bench_results/planting --time-budget 300
+    python -m bcg_diffusion.checks.planting --seed 0 --plants 600 --out bench_results/planting --time-budget 300 --jobs 3
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import json
 import logging
 import random
 import subprocess
+import sys
 import time
 import traceback
 import warnings
@@ -53,6 +56,7 @@ import bcg_diffusion
 from bcg_diffusion.core import walk
 from bcg_pipelines import zoo
 
+from .planting_processes import result_from_dict, run_in_processes
 from .planting_kinds import HIDDEN_STATE, HOST_READ, KINDS, PlantState
 from .planting_report import write_reports
 from .planting_sites import OPAQUE_SITES, SITE_KINDS, Plant, Site, Survey, install, survey, train_mode
@@ -365,11 +369,12 @@ def _cuda_alive() -> bool:
 
 
 def run(seed: int, plants: int, device: torch.device, dtype: torch.dtype, time_budget: float,
-        classes: str | None = None, calls: int = CALLS, on_result=None) -> list[PlantResult]:
-    """Plan ``plants`` plants from ``seed`` and run them in order until ``time_budget`` seconds have
-    passed (the rest are ``skipped``)."""
+        classes: str | None = None, calls: int = CALLS, on_result=None, on_start=None,
+        only: set[int] | None = None) -> list[PlantResult]:
+    """Plan ``plants`` plants from ``seed`` and run them in order (only the indices in ``only``, if
+    given: the plan stays the same) until ``time_budget`` seconds have passed (the rest are ``skipped``)."""
     cases = {c.name: c for c in planted_cases(classes)}
-    specs = plan(seed, plants, list(cases.values()))
+    specs = [s for s in plan(seed, plants, list(cases.values())) if only is None or s.index in only]
     bundles: dict[str, Bundle | str] = {}
     results = []
     start = time.perf_counter()
@@ -386,6 +391,8 @@ def run(seed: int, plants: int, device: torch.device, dtype: torch.dtype, time_b
                 except Exception as exc:  # noqa: BLE001 - a case that cannot be built is reported per plant
                     bundles[spec.case] = f"building the case failed: {_error(exc)}"
             bundle = bundles[spec.case]
+            if on_start is not None:
+                on_start(spec)
             if isinstance(bundle, str):
                 result = PlantResult(spec.index, spec.case, spec.site_kind, spec.kind, KINDS[spec.kind].family,
                                      status="invalid", error=bundle)
@@ -410,6 +417,15 @@ def current_commit() -> str:
         return "unknown"
 
 
+def parse_indices(text: str) -> set[int]:
+    """``"3,10-12"`` -> ``{3, 10, 11, 12}``."""
+    indices: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        indices.update(range(int(first), int(last or first) + 1))
+    return indices
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -421,6 +437,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
     parser.add_argument("--calls", type=int, default=CALLS, help="calls per plant (the first runs eagerly, the second captures)")
     parser.add_argument("--commit", default=None, help="the commit to report (default: git rev-parse HEAD)")
+    parser.add_argument("--progress", action="store_true", help="print each plant to stderr as it starts")
+    parser.add_argument("--jobs", type=int, default=0,
+                        help="run the plan in child processes, this many at a time (0: in this process); a child "
+                             "that dies costs only the plant it was running, reported as a crash")
+    parser.add_argument("--chunk", type=int, default=100, help="plants per child process (with --jobs)")
+    parser.add_argument("--results-jsonl", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results
+    parser.add_argument("--only", help="plant indices to run, of the same plan (e.g. 3,10-12): to reproduce one")
     return parser.parse_args(argv)
 
 
@@ -444,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(result: PlantResult) -> None:
         results.append(result)
+        if args.results_jsonl is not None:
+            with args.results_jsonl.open("a") as f:
+                f.write(json.dumps(dataclasses.asdict(result)) + "\n")
         if result.status != "skipped" and not result.passed:
             print(f"{result.index} {result.case} {result.site} {result.kind}: {result.status}"
                   f"{' (assumption)' if result.assumption else ''}, replayed in {result.replayed_calls} calls, "
@@ -451,7 +477,23 @@ def main(argv: list[str] | None = None) -> int:
         if len(results) % 25 == 0:
             write_reports(args.out, results, dict(header, seconds=round(time.perf_counter() - started, 1)))
 
-    run(args.seed, args.plants, device, dtype, args.time_budget, args.classes, args.calls, on_result=report)
+    def starting(spec: PlantSpec) -> None:
+        print(f"plant {spec.index}: {spec.case} {spec.site_kind} {spec.kind} "
+              f"({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+
+    only = parse_indices(args.only) if args.only else None
+    if args.jobs > 0:
+        def make_result(index: int, status: str, error: str) -> PlantResult:
+            spec = specs[index]
+            return PlantResult(index, spec.case, spec.site_kind, spec.kind, KINDS[spec.kind].family, status=status, error=error)
+
+        specs = plan(args.seed, args.plants, planted_cases(args.classes))
+        header.update(jobs=args.jobs, chunk=args.chunk)
+        run_in_processes(args, [s.index for s in specs if only is None or s.index in only], make_result,
+                         lambda d: result_from_dict(PlantResult, d), report)
+    else:
+        run(args.seed, args.plants, device, dtype, args.time_budget, args.classes, args.calls, on_result=report,
+            on_start=starting if args.progress else None, only=only)
     json_path, md_path = write_reports(args.out, results, dict(header, seconds=round(time.perf_counter() - started, 1)))
     print("\n".join(md_path.read_text().split("\n## ")[0].splitlines()[4:14]))  # the totals
     print(f"wrote {json_path} and {md_path}")

@@ -9,6 +9,9 @@ Modules, one job each:
 - :mod:`.worker`: the one thread that runs pipeline work, and the job that generates images.
 - :mod:`.startup_warmup`: the warm-up before listening (``bcg_diffusion.warmup`` where it exists, else 2-step
   calls).
+- :mod:`.adapters`: LoRA adapters chosen per request (one hot-swap slot, an LRU of adapters on the device);
+  :mod:`.adapter_options` the ``--lora`` options and their start-up; :mod:`.lora_maker` the ``make_loras.py``
+  command (random adapters for tests and load runs).
 - :mod:`.app`: the FastAPI application (routes, OpenAI-style errors, counters).
 - :mod:`.listen`: running the app with uvicorn on a bound socket (``--port 0``).
 - :mod:`.png`: PNG + base64 encoding and the hashes the load test compares.

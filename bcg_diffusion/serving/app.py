@@ -1,10 +1,16 @@
-"""The FastAPI application: ``POST /v1/images/generations``, ``GET /stats``, ``GET /health``.
+"""The FastAPI application: ``POST /v1/images/generations``, ``GET /v1/models`` (and ``/v1/models/{id}``),
+``GET /stats``, ``GET /health``.
 
-Errors are answered in the OpenAI format ``{"error": {"message", "type", "param", "code"}}``:
-400 ``invalid_request_error`` for a bad request (checked before any pipeline work), 413 for a body above
-the limit, 401 (code ``invalid_api_key``) without the server's API key, 503 ``server_busy`` when the
-queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500 ``server_error`` when it
-failed otherwise. After a 5xx the worker goes on with the next request.
+The OpenAI conventions its clients rely on: every ``GET`` route answers ``HEAD`` too; a trailing slash is
+the same route (``/health/`` is ``/health``; never a redirect); every error, the HTTP layer's too (404
+unknown route, 405 wrong method, 422), is answered in the OpenAI format
+``{"error": {"message", "type", "param", "code"}}``: 400 ``invalid_request_error`` for a bad request
+(checked before any pipeline work), 404 code ``model_not_found`` for a ``model`` the server does not serve,
+413 for a body above the limit, 401 (code ``invalid_api_key``) without the server's API key, 503
+``server_busy`` when the queue is full, 503 ``out_of_memory`` when the pipeline ran out of GPU memory, 500
+``server_error`` when it failed otherwise. After a 5xx the worker goes on with the next request. (A request
+the HTTP parser itself refuses, such as a ``Content-Length`` that is not a number, is answered in the same
+format by :mod:`.listen`.)
 
 With an API key (``ServerState.api_key``) every route but ``/health`` needs ``Authorization: Bearer <key>``,
 compared in constant time (``hmac.compare_digest``).
@@ -23,29 +29,37 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import bcg_diffusion
 
+from .batching import RequestBatcher
 from .png import encode_png_b64
-from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large
+from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large, model_not_found
 from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_memory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GENERATIONS_PATH", "OPEN_PATHS", "ServerState", "authorized", "create_app", "gpu_memory", "read_body"]
+__all__ = ["GENERATIONS_PATH", "MODELS_PATH", "OPEN_PATHS", "OWNED_BY", "ServerState", "StripTrailingSlash",
+           "authorized", "create_app", "gpu_memory", "model_object", "read_body"]
 
 GENERATIONS_PATH = "/v1/images/generations"
+MODELS_PATH = "/v1/models"
 #: Routes that answer without the API key (a load balancer's health check has none).
 OPEN_PATHS = ("/health",)
+#: ``owned_by`` of every model object in ``/v1/models``.
+OWNED_BY = "bcg-diffusion"
+GET_METHODS = ["GET", "HEAD"]
 
 
 @dataclass
 class ServerState:
     """Everything the routes use. ``info`` describes the server (model, options, warm-up) for ``/stats``;
     ``max_queue`` bounds the requests waiting or running (more get a 503); ``api_key``, when set, is
-    required on every route but :data:`OPEN_PATHS` (a 401 otherwise)."""
+    required on every route but :data:`OPEN_PATHS` (a 401 otherwise); ``batcher``, when set, gathers the
+    requests it batches (:mod:`.batching`; the others go to ``worker`` one call each)."""
 
     planner: RequestPlanner
     worker: PipelineWorker
@@ -55,6 +69,48 @@ class ServerState:
     max_queue: int
     started: float = field(default_factory=time.time)
     api_key: str | None = None
+    batcher: RequestBatcher | None = None
+
+    def depth(self) -> int:
+        """Requests waiting to be batched, waiting for the worker, or running."""
+        return self.worker.depth + (self.batcher.pending if self.batcher is not None else 0)
+
+    @property
+    def alive(self) -> bool:
+        return self.worker.alive and (self.batcher is None or self.batcher.alive)
+
+    def batching_stats(self) -> dict[str, Any]:
+        """``/stats`` ``batching``: the batcher's numbers, or ``{"enabled": false, "max_batch": 1}``."""
+        if self.batcher is None:
+            return {"enabled": False, "max_batch": 1}
+        return self.batcher.stats.snapshot()
+
+    def model_ids(self) -> list[str]:
+        """The ids ``GET /v1/models`` lists (the base model first, then the adapters): the planner's, which
+        resolves a request's ``model`` field against the same list."""
+        return self.planner.model_ids()
+
+
+def model_object(model_id: str, created: int) -> dict[str, Any]:
+    """One entry of ``/v1/models``, as the OpenAI API writes it."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": OWNED_BY}
+
+
+class StripTrailingSlash:
+    """ASGI middleware: ``/path/`` is served as ``/path`` (the root stays ``/``), so a client that adds a slash
+    reaches the route instead of getting a 307 redirect (which many clients do not follow for a POST)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            if len(path) > 1 and path.endswith("/"):
+                stripped = path.rstrip("/") or "/"
+                scope = {**scope, "path": stripped,
+                         "raw_path": stripped.encode("latin-1", "replace")}
+        await self.app(scope, receive, send)
 
 
 def gpu_memory(device: torch.device) -> dict[str, int] | None:
@@ -125,7 +181,8 @@ def _pipeline_error(exc: BaseException, job: GenerationJob) -> RequestError:
 def create_app(state: ServerState) -> FastAPI:
     """The application around one pipeline; its pipeline work goes through ``state.worker``."""
     app = FastAPI(title="bcg-diffusion image server", version=bcg_diffusion.__version__,
-                  summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)")
+                  summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)",
+                  redirect_slashes=False)
 
     if state.api_key is not None:
         @app.middleware("http")
@@ -140,8 +197,41 @@ def create_app(state: ServerState) -> FastAPI:
             return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
-        return error_response(RequestError(str(exc.detail), status=exc.status_code), getattr(exc, "headers", None))
+    async def http_error(request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = (f"unknown path: {request.method} {request.url.path}; the routes are POST {GENERATIONS_PATH}, "
+                       f"GET {MODELS_PATH}, GET /stats and GET /health")
+        elif exc.status_code == 405:
+            allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+            message = f"method {request.method} is not allowed on {request.url.path}" + (
+                f"; allowed: {allowed}" if allowed else "")
+        return error_response(RequestError(message, status=exc.status_code), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError):  # 422, should a route declare a body
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in exc.errors()]
+        return error_response(RequestError("the request is not valid: " + "; ".join(parts), status=422))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_request: Request, exc: Exception):  # a bug: still the OpenAI format
+        logger.error("unexpected error: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        return error_response(RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500,
+                                           type="server_error"))
+
+    @app.api_route(MODELS_PATH, methods=GET_METHODS)
+    async def models():
+        """The base model and every adapter, in the OpenAI list format (``client.models.list()``)."""
+        created = int(state.started)
+        return {"object": "list", "data": [model_object(m, created) for m in state.model_ids()]}
+
+    @app.api_route(MODELS_PATH + "/{model_id:path}", methods=GET_METHODS)
+    async def model(model_id: str):
+        """One model object (``client.models.retrieve(id)``); 404 ``model_not_found`` for an id not served."""
+        ids = state.model_ids()
+        if model_id not in ids:
+            return error_response(model_not_found(model_id, ids))
+        return model_object(model_id, int(state.started))
 
     @app.post(GENERATIONS_PATH)
     async def generations(request: Request):
@@ -165,7 +255,7 @@ def create_app(state: ServerState) -> FastAPI:
         except RequestError as error:
             logger.info("rejected (%d): %s", error.status, error.message)
             return error_response(error)
-        if state.worker.depth >= state.max_queue:
+        if state.depth() >= state.max_queue:
             error = RequestError(f"the server is busy: {state.max_queue} requests are queued or running "
                                  "(--max-queue); retry later", status=503, type="server_busy")
             return error_response(error, {"Retry-After": "1"})
@@ -175,8 +265,10 @@ def create_app(state: ServerState) -> FastAPI:
             started = time.perf_counter()
             return started, state.generator.generate(job)
 
+        batcher = state.batcher
+        future = batcher.submit(job) if batcher is not None and batcher.batches(job) else state.worker.submit(run)
         try:
-            started, result = await asyncio.wrap_future(state.worker.submit(run))
+            started, result = await asyncio.wrap_future(future)
         except Exception as exc:  # noqa: BLE001 - a failed pipeline call is answered, the worker goes on
             error = _pipeline_error(exc, job)
             return error_response(error)
@@ -184,28 +276,33 @@ def create_app(state: ServerState) -> FastAPI:
         payloads = await asyncio.gather(*(loop.run_in_executor(None, encode_png_b64, im) for im in result.images))
         state.counters.add("images", len(payloads))
         queue_s = started - submitted
-        logger.info("200 %s n=%d steps=%d seed=%d: queue %.3f s, pipeline %.3f s", job.size, job.n, job.steps,
-                    job.seed, queue_s, result.pipeline_s)
+        rows = result.batch_rows if result.batch_rows is not None else job.n
+        logger.info("200 %s n=%d steps=%d seed=%d: queue %.3f s, pipeline %.3f s (batch of %d, %d rows)", job.size,
+                    job.n, job.steps, job.seed, queue_s, result.pipeline_s, result.batch_requests, rows)
         return JSONResponse({"created": int(time.time()), "data": [{"b64_json": p} for p in payloads]},
                             headers={"x-queue-seconds": f"{queue_s:.6f}",
-                                     "x-pipeline-seconds": f"{result.pipeline_s:.6f}"})
+                                     "x-pipeline-seconds": f"{result.pipeline_s:.6f}",
+                                     "x-batch-requests": str(result.batch_requests), "x-batch-rows": str(rows)})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=GET_METHODS)
     async def health():
         """``ok`` while the worker thread lives (also while a call runs), else a 503."""
-        body = {"status": "ok" if state.worker.alive else "worker stopped",
-                "busy": bool(state.worker.running), "queue_depth": state.worker.depth}
-        return JSONResponse(body, status_code=200 if state.worker.alive else 503)
+        body = {"status": "ok" if state.alive else "worker stopped",
+                "busy": bool(state.worker.running), "queue_depth": state.depth()}
+        return JSONResponse(body, status_code=200 if state.alive else 503)
 
-    @app.get("/stats")
+    @app.api_route("/stats", methods=GET_METHODS)
     async def stats():
         """The server's description and counters, the BCG stats as of the last finished call, GPU memory."""
         counters = state.counters.snapshot()
-        counters.update(queue_depth=state.worker.depth, waiting=state.worker.waiting,
-                        running=state.worker.running)
+        counters.update(queue_depth=state.depth(), waiting=state.worker.waiting, running=state.worker.running,
+                        batch_pending=state.batcher.pending if state.batcher is not None else 0)
         return {"server": {**state.info, "uptime_s": round(time.time() - state.started, 3)},
                 "counters": counters,
+                "batching": state.batching_stats(),
                 "bcg": state.generator.bcg_stats,
+                "adapters": state.generator.adapter_stats,
                 "gpu_memory": gpu_memory(state.generator.device)}
 
+    app.add_middleware(StripTrailingSlash)  # added last: the outermost, so the API key check sees the plain path
     return app

@@ -1,14 +1,51 @@
 """Running the application with uvicorn on a socket bound first, so ``--port 0`` can report its port.
 
 uvicorn (the ``serve`` extra) is imported by :func:`serve` only, so that the server's options, the listening
-line and the sockets are there without it."""
+line and the sockets are there without it. A request uvicorn's HTTP parser refuses before the application
+sees it (a ``Content-Length`` that is not a number, a malformed request line or header) is answered with a 400
+in the OpenAI error format too (:func:`json_400_protocol`), not uvicorn's plain text."""
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Callable
 
-__all__ = ["LISTENING_PREFIX", "bind_socket", "serve", "url_of"]
+__all__ = ["BAD_HTTP_MESSAGE", "LISTENING_PREFIX", "bind_socket", "json_400_protocol", "serve", "url_of"]
+
+#: The message of the 400 for a request the HTTP parser refuses.
+BAD_HTTP_MESSAGE = ("the HTTP request could not be parsed: a malformed request line or header, such as a "
+                    "Content-Length that is not a whole number of bytes; send a valid HTTP/1.1 request")
+
+
+def _json_400_bytes() -> bytes:
+    body = json.dumps({"error": {"message": BAD_HTTP_MESSAGE, "type": "invalid_request_error", "param": None,
+                                 "code": None}}, separators=(",", ":")).encode("ascii")
+    head = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode("ascii") + b"\r\nconnection: close\r\n\r\n")
+    return head + body
+
+
+def json_400_protocol(base: type) -> type:
+    """A subclass of uvicorn's HTTP protocol class ``base`` whose parser-level 400 is the OpenAI error JSON (the
+    connection is closed after it, as uvicorn does)."""
+
+    class Json400Protocol(base):
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(_json_400_bytes())
+            self.transport.close()
+
+    Json400Protocol.__name__ = f"Json400{base.__name__}"
+    return Json400Protocol
+
+
+def _http_protocol() -> type:
+    """uvicorn's choice for ``http="auto"`` (httptools where installed, else h11), with the JSON 400."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    return json_400_protocol(base)
 
 #: The line the server prints once it accepts connections: ``listening on http://HOST:PORT``.
 LISTENING_PREFIX = "listening on "
@@ -52,7 +89,7 @@ def serve(app, sock: socket.socket, on_listening: Callable[[str], None], log_lev
             if self.started:
                 self._on_listening()
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False,
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, http=_http_protocol(),
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = _AnnouncingServer(config, lambda: on_listening(url_of(sock)))
     server.run(sockets=[sock])

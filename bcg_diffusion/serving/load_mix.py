@@ -26,7 +26,9 @@ class MixSpec:
     """What a load run asks for. Each request draws a size, a prompt and a seed (``0 .. seeds - 1``) with
     ``random.Random(mix_seed)``, so the same spec gives the same bodies in the same order, and few
     seeds make equal requests recur (their images must be bitwise equal). ``steps``, ``guidance`` and
-    ``negative_prompt`` of ``None`` are left to the server's defaults."""
+    ``negative_prompt`` of ``None`` are left to the server's defaults. ``models`` (ids the server lists in
+    ``/v1/models``: the base model, adapters) are drawn per request as its ``model`` field, after its other draws;
+    empty: no ``model`` field (the base model), and the same mix as before models existed."""
 
     sizes: tuple[str, ...] = DEFAULT_SIZES
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
@@ -36,6 +38,7 @@ class MixSpec:
     guidance: float | None = None
     negative_prompt: str | None = None
     mix_seed: int = 0
+    models: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.sizes or not self.prompts:
@@ -57,6 +60,8 @@ def build_mix(spec: MixSpec, count: int) -> list[dict[str, Any]]:
             body["guidance_scale"] = spec.guidance
         if spec.negative_prompt is not None:
             body["negative_prompt"] = spec.negative_prompt
+        if spec.models:
+            body["model"] = rng.choice(spec.models)
         bodies.append(body)
     return bodies
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from .load_run import ServerRun
 
-__all__ = ["cross_check", "format_report", "latency_ratios", "percentile", "summarize"]
+__all__ = ["alone_check", "batching_during", "cross_check", "format_report", "latency_ratios", "percentile",
+           "summarize", "throughput_ratio"]
 
 MIB = 2**20
 
@@ -66,6 +67,66 @@ def _consistency(run: ServerRun) -> dict[str, Any]:
             "inconsistent_identities": inconsistent}
 
 
+def _histogram_delta(end: dict[str, int], start: dict[str, int]) -> dict[str, int]:
+    keys = sorted(set(end) | set(start), key=int)
+    delta = {k: end.get(k, 0) - start.get(k, 0) for k in keys}
+    return {k: v for k, v in delta.items() if v}
+
+
+def batching_during(run: ServerRun) -> dict[str, Any] | None:
+    """What the server's batching did during the load (``/stats`` ``batching`` at the end minus the start):
+    batched calls, requests per call (histogram, mean), filler rows, the time requests waited to be batched
+    (mean; the max is the server's since start), why batches closed (``closed_by``) and how long the answered
+    clients took to come back (``return_s``). ``None`` for a server without batching (or without the field)."""
+    start, end = run.stats_start.get("batching") or {}, run.stats_end.get("batching") or {}
+    if not end.get("enabled"):
+        return None
+    batches = end["batches"] - start.get("batches", 0)
+    requests = end["batched_requests"] - start.get("batched_requests", 0)
+    wait_start, wait_end = start.get("wait_s") or {}, end["wait_s"]
+    waits = wait_end["count"] - wait_start.get("count", 0)
+    wait_sum = wait_end["sum"] - wait_start.get("sum", 0.0)
+    return {"max_batch": end["max_batch"], "window_ms": end["window_ms"], "batches": batches,
+            "batched_requests": requests, "mean_requests_per_batch": requests / batches if batches else None,
+            "requests_per_batch": _histogram_delta(end["requests_per_batch"], start.get("requests_per_batch", {})),
+            "images_per_batch": _histogram_delta(end["images_per_batch"], start.get("images_per_batch", {})),
+            "filler_rows": end["filler_rows"] - start.get("filler_rows", 0),
+            "wait_s": {"count": waits, "sum": wait_sum, "mean": wait_sum / waits if waits else None,
+                       "max_since_start": wait_end["max"]},
+            "closed_by": {k: v - (start.get("closed_by") or {}).get(k, 0)
+                          for k, v in (end.get("closed_by") or {}).items()},
+            "return_s": _returns_delta(end.get("return_s"), start.get("return_s"))}
+
+
+def _returns_delta(end: dict | None, start: dict | None) -> dict[str, Any] | None:
+    """``/stats`` ``batching.return_s`` during the load (count, mean; the max is the server's since start)."""
+    if not end:
+        return None
+    count, total = end["count"] - (start or {}).get("count", 0), end["sum"] - (start or {}).get("sum", 0.0)
+    return {"count": count, "mean": total / count if count else None, "max_since_start": end["max"]}
+
+
+def alone_check(run: ServerRun) -> dict[str, Any] | None:
+    """Each distinct request sent again alone after the load (:func:`.load_run.replay_alone`): were its images
+    bitwise equal (decoded pixels) to every image the load got for it? ``None`` without a replay."""
+    if not run.alone:
+        return None
+    loaded: dict[str, set] = defaultdict(set)
+    for o in run.outcomes:
+        if o.ok:
+            loaded[o.identity].add(o.pixel_hashes)
+    compared, mismatched, failed = 0, [], []
+    for reply in run.alone:
+        if not reply.ok or reply.identity not in loaded:
+            failed.append(reply.index)
+            continue
+        compared += 1
+        if loaded[reply.identity] != {reply.pixel_hashes}:
+            mismatched.append(reply.index)
+    return {"distinct": len(run.alone), "compared": compared, "equal": compared - len(mismatched),
+            "mismatched": mismatched, "failed": failed}
+
+
 def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
     """One server's numbers: counts, errors by status, latency percentiles (answered requests), throughput,
     GPU memory at start and end, graphs captured during the load, equal-request consistency, per size."""
@@ -78,6 +139,11 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         lat = [o.latency_s for o in ok if o.size == size]
         per_size[size] = {"requests": sum(o.size == size for o in run.outcomes), "ok": len(lat),
                           "p50": percentile(lat, 50), "p99": percentile(lat, 99), "warmed": size in warmed}
+    per_model: dict[str, dict[str, Any]] = {}
+    for model in sorted({o.model or "" for o in run.outcomes}):
+        lat = [o.latency_s for o in ok if (o.model or "") == model]
+        per_model[model or "(base)"] = {"requests": sum((o.model or "") == model for o in run.outcomes),
+                                        "ok": len(lat), "p50": percentile(lat, 50)}
     c0, c1 = _captures(run.stats_start), _captures(run.stats_end)
     images = sum(len(o.payload_hashes) for o in ok)
     return {
@@ -96,6 +162,10 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         "captures_during_load": None if c0 is None or c1 is None else c1 - c0,
         "consistency": _consistency(run),
         "per_size": per_size,
+        "per_model": per_model,
+        "adapters": run.stats_end.get("adapters"),
+        "batching": batching_during(run),
+        "alone_check": alone_check(run),
     }
 
 
@@ -127,6 +197,22 @@ def latency_ratios(a: dict[str, Any], b: dict[str, Any], max_ratio: float | None
     return {"ratios": ratios, "max_ratio": max_ratio, "passed": passed}
 
 
+def throughput_ratio(a: dict[str, Any], b: dict[str, Any], min_ratio: float | None,
+                     max_p99_ratio: float | None = None) -> dict[str, Any]:
+    """``b / a`` of throughput (requests per second) and of p99 latency; with ``min_ratio``, whether the
+    throughput ratio is at least that; with ``max_p99_ratio``, whether the p99 ratio is at most that."""
+    ta, tb = a["throughput_rps"], b["throughput_rps"]
+    pa, pb = a["latency_s"]["p99"], b["latency_s"]["p99"]
+    ratio = tb / ta if ta and tb is not None else None
+    p99 = pb / pa if pa and pb is not None else None
+    passed = None
+    if min_ratio is not None or max_p99_ratio is not None:
+        passed = ((min_ratio is None or (ratio is not None and ratio >= min_ratio))
+                  and (max_p99_ratio is None or (p99 is not None and p99 <= max_p99_ratio)))
+    return {"throughput_ratio": ratio, "p99_ratio": p99, "min_throughput_ratio": min_ratio,
+            "max_p99_ratio": max_p99_ratio, "passed": passed}
+
+
 def _fmt(value, spec: str = ".3f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -152,11 +238,19 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
          + ("" if mem["within_tolerance"] is None else (" (ok)" if mem["within_tolerance"] else " (OVER)"))),
         ("captures during load", _fmt(s["captures_during_load"], "d")),
         ("equal requests equal", f"{consistent} ({cons['repeated_identities']} repeated)"),
+        ("batched calls", "off" if s.get("batching") is None else str(s["batching"]["batches"])),
+        ("requests per batch mean", "-" if s.get("batching") is None
+         else _fmt(s["batching"]["mean_requests_per_batch"], ".2f")),
+        ("batch wait mean ms", "-" if s.get("batching") is None
+         else _fmt(None if s["batching"]["wait_s"]["mean"] is None else 1000 * s["batching"]["wait_s"]["mean"], ".1f")),
+        ("equal to alone", "-" if s.get("alone_check") is None
+         else f"{s['alone_check']['equal']}/{s['alone_check']['distinct']}"),
     ]
 
 
 def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None = None,
-                  ratios: dict[str, Any] | None = None, header: str = "") -> str:
+                  ratios: dict[str, Any] | None = None, header: str = "",
+                  throughput: dict[str, Any] | None = None) -> str:
     """The summaries side by side (a ratio column for two servers), per-size p50, the cross-check."""
     labels = [s["label"] for s in summaries]
     rows = [_rows(s) for s in summaries]
@@ -171,6 +265,8 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
         if len(summaries) == 2 and name in ("latency p50 s", "latency p99 s") and ratios:
             ratio = ratios["ratios"]["p50" if "p50" in name else "p99"]
             line += f"{_fmt(ratio, '.2f', 'x'):>{width + 2}}"
+        if len(summaries) == 2 and name == "throughput req/s" and throughput:
+            line += f"{_fmt(throughput['throughput_ratio'], '.2f', 'x'):>{width + 2}}"
         lines.append(line)
     sizes = sorted({size for s in summaries for size in s["per_size"]})
     for size in sizes:
@@ -178,7 +274,27 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
         name = f"p50 s at {size}" + (" (warmed)" if warmed else "")
         cells = [_fmt(s["per_size"].get(size, {}).get("p50")) for s in summaries]
         lines.append(f"{name:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    models = sorted({m for s in summaries for m in s.get("per_model", {})})
+    if models != ["(base)"]:
+        for model in models:
+            cells = [f"{s['per_model'].get(model, {}).get('ok', 0)}/{s['per_model'].get(model, {}).get('requests', 0)}"
+                     for s in summaries]
+            lines.append(f"{'ok at model ' + model:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
     for s in summaries:
+        if s.get("batching"):
+            hist = ", ".join(f"{k}: {v}" for k, v in s["batching"]["requests_per_batch"].items())
+            closed = ", ".join(f"{k} {v}" for k, v in (s["batching"].get("closed_by") or {}).items())
+            returns = s["batching"].get("return_s") or {}
+            back = ("" if not returns.get("count") else f"; returns after an answer: mean "
+                    f"{1000 * returns['mean']:.0f} ms, max {1000 * returns['max_since_start']:.0f} ms")
+            lines.append(f"  {s['label']} requests per batched call: {hist or 'none'}; filler rows "
+                         f"{s['batching']['filler_rows']}; closed by: {closed or '-'}{back}")
+        check = s.get("alone_check")
+        if check is not None:
+            verdict = "bitwise equal" if not check["mismatched"] and not check["failed"] else "NOT all equal"
+            lines.append(f"  {s['label']} alone check (each distinct request sent again alone): {check['equal']} of "
+                         f"{check['distinct']} equal, {len(check['mismatched'])} mismatched, {len(check['failed'])} "
+                         f"failed: {verdict}")
         for example in s["error_examples"]:
             lines.append(f"  {s['label']} error {example}")
     if cross is not None:
@@ -189,4 +305,13 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
     if ratios is not None and ratios["max_ratio"] is not None:
         lines.append(f"latency target {labels[1]}/{labels[0]} <= {ratios['max_ratio']:.2f} at p50 and p99: "
                      f"{'PASS' if ratios['passed'] else 'FAIL'}")
+    if throughput is not None and throughput["passed"] is not None:
+        parts = []
+        if throughput["min_throughput_ratio"] is not None:
+            parts.append(f"throughput {labels[1]}/{labels[0]} {_fmt(throughput['throughput_ratio'], '.2f', 'x')} >= "
+                         f"{throughput['min_throughput_ratio']:.2f}x")
+        if throughput["max_p99_ratio"] is not None:
+            parts.append(f"p99 {labels[1]}/{labels[0]} {_fmt(throughput['p99_ratio'], '.2f', 'x')} <= "
+                         f"{throughput['max_p99_ratio']:.2f}x")
+        lines.append(f"throughput target: {'; '.join(parts)}: {'PASS' if throughput['passed'] else 'FAIL'}")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ count and the time limit, and every request by its own timeout.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ import httpx
 from .png import payload_hash, pixel_hash
 from .load_mix import identity
 
-__all__ = ["ALLOWED_HOST", "Outcome", "ServerRun", "check_loopback", "get_stats", "run_load"]
+__all__ = ["ALLOWED_HOST", "Outcome", "ServerRun", "check_loopback", "get_stats", "replay_alone", "run_load"]
 
 ALLOWED_HOST = "127.0.0.1"
 GENERATIONS_PATH = "/v1/images/generations"
@@ -69,6 +70,8 @@ class Outcome:
     payload_hashes: tuple[str, ...] = ()
     pixel_hashes: tuple[str, ...] = ()
     error: str | None = None
+    model: str | None = None
+    batch_requests: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -87,6 +90,7 @@ class ServerRun:
     stats_end: dict[str, Any]
     polls: list[dict[str, Any]] = field(default_factory=list)
     timed_out: bool = False
+    alone: list[Outcome] = field(default_factory=list)
 
 
 def _header_float(response: httpx.Response, name: str) -> float | None:
@@ -99,7 +103,7 @@ def _header_float(response: httpx.Response, name: str) -> float | None:
 def send_one(http: httpx.Client, index: int, body: dict[str, Any]) -> Outcome:
     """Post one body; never raises for transport errors or bad answers (they become the outcome)."""
     start = time.perf_counter()
-    base = {"index": index, "identity": identity(body), "size": body.get("size", "")}
+    base = {"index": index, "identity": identity(body), "size": body.get("size", ""), "model": body.get("model")}
     try:
         response = http.post(GENERATIONS_PATH, json=body)
     except httpx.HTTPError as exc:
@@ -108,6 +112,8 @@ def send_one(http: httpx.Client, index: int, body: dict[str, Any]) -> Outcome:
     outcome = Outcome(**base, status=response.status_code, latency_s=latency,
                       queue_s=_header_float(response, "x-queue-seconds"),
                       pipeline_s=_header_float(response, "x-pipeline-seconds"))
+    batch = _header_float(response, "x-batch-requests")
+    outcome.batch_requests = int(batch) if batch is not None else None
     try:
         answer = response.json()
         if response.status_code != 200:
@@ -189,3 +195,21 @@ def run_load(url: str, bodies: list[dict[str, Any]], *, label: str, concurrency:
         done = sorted(outcomes, key=lambda o: o.index)
     return ServerRun(label, url, done, wall, stats_start, get_stats(url), poller.polls,
                      timed_out.is_set() or any(t.is_alive() for t in threads))
+
+
+def replay_alone(url: str, run: ServerRun, *, request_timeout_s: float, time_limit_s: float) -> list[Outcome]:
+    """Send each distinct request of ``run`` (its first occurrence, by mix index) once more, alone: one client, one
+    request at a time, after the load. With batching, each then runs in a batch of its own, so comparing these
+    images with the load's shows whether an image depended on what it was batched with."""
+    firsts: dict[str, Outcome] = {}
+    for outcome in run.outcomes:
+        firsts.setdefault(outcome.identity, outcome)
+    deadline = time.monotonic() + time_limit_s
+    replies = []
+    with client(url, request_timeout_s) as http:
+        for first in sorted(firsts.values(), key=lambda o: o.index):
+            if time.monotonic() >= deadline:
+                break
+            replies.append(send_one(http, first.index, json.loads(first.identity)))
+    run.alone = replies
+    return replies

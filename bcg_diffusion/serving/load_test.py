@@ -13,9 +13,16 @@ Examples::
     python scripts/load.py --spawn "--model pixart --size full --no-resolution-binning --warmup 512x512" \\
                            --spawn "--model pixart --size full --no-resolution-binning --warmup 512x512 --bcg"
 
+With ``--models a,b`` each request names one of those models (the base model's id, adapters); the report
+counts them per model. A server that batches (``serve.py --max-batch``) adds its batching numbers from
+``/stats`` (batched calls, requests per call, time waiting to be batched); ``--check-alone`` sends each
+distinct request once more, alone, after the load, and requires its images to equal the load's (an image must
+not depend on what it was batched with). ``--min-throughput-ratio`` / ``--max-p99-ratio`` compare two servers'
+throughput and p99 (e.g. batching on against off, whose images differ: ``--no-cross-check``).
+
 Exit code 0 when every request was answered 200, equal requests were equal and (two servers) both
-servers' images were equal (and ``--max-latency-ratio``, if given, was met); 1 otherwise; 2 for bad
-arguments, including a server that is not on 127.0.0.1.
+servers' images were equal (unless ``--no-cross-check``), and the ratio targets given and ``--check-alone`` held;
+1 otherwise; 2 for bad arguments, including a server that is not on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ except ModuleNotFoundError as exc:
     MISSING: str | None = f"{exc}; install the load test's packages with: pip install -e \".[serve]\""
 else:
     MISSING = None
-    from .load_report import cross_check, format_report, latency_ratios, summarize
+    from .load_report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
+    from .load_run import replay_alone
     from .requests import RequestError, parse_size
     from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
 
@@ -82,11 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--guidance", type=float, default=None, help="guidance_scale of every request (default: server's)")
     g.add_argument("--negative-prompt", default=None, help="negative_prompt of every request")
     g.add_argument("--n", type=int, default=1, help="images per request (default: 1)")
+    g.add_argument("--models", default=None, metavar="A,B,...",
+                   help="model ids drawn per request as its 'model' field (the base model's id, adapters: GET "
+                   "/v1/models lists them); default: no model field")
     g = p.add_argument_group("checks and output")
     g.add_argument("--memory-tolerance", type=float, default=0.05,
                    help="GPU memory allocated at the end may differ from the start by this fraction (default: 0.05)")
     g.add_argument("--max-latency-ratio", type=float, default=None, metavar="R",
                    help="two servers: pass only if the second's p50 and p99 latency are <= R x the first's")
+    g.add_argument("--min-throughput-ratio", type=float, default=None, metavar="R",
+                   help="two servers: pass only if the second's throughput is >= R x the first's")
+    g.add_argument("--max-p99-ratio", type=float, default=None, metavar="R",
+                   help="two servers: pass only if the second's p99 latency is <= R x the first's")
+    g.add_argument("--no-cross-check", action="store_true",
+                   help="two servers whose images differ by design (batching on against off): do not compare them")
+    g.add_argument("--check-alone", action="store_true",
+                   help="after each server's load, send each distinct request once more, alone, and pass only if its "
+                   "images equal the load's (a batching server: an image must not depend on its batch)")
     g.add_argument("--out", type=Path, default=None, help="write the results (and every request's outcome) as JSON")
     g = p.add_argument_group("spawned servers")
     g.add_argument("--spawn-timeout", type=float, default=900.0,
@@ -117,6 +137,8 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             check_loopback(url)
         except ValueError as exc:
             parser.error(str(exc))
+    if (args.min_throughput_ratio is not None or args.max_p99_ratio is not None) and servers != 2:
+        parser.error("--min-throughput-ratio and --max-p99-ratio compare two servers")
     for name in ("requests", "concurrency", "seeds", "n"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
@@ -125,6 +147,13 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     for name in ("time_limit", "request_timeout", "spawn_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("min_throughput_ratio", "max_p99_ratio", "max_latency_ratio"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.models is not None:
+        args.models = ",".join(m.strip() for m in args.models.split(","))
+        if not all(args.models.split(",")):
+            parser.error(f"--models {args.models!r}: give model ids separated by commas, none empty")
     if not 0 <= args.memory_tolerance:
         parser.error("--memory-tolerance must be >= 0")
     args.sizes = ",".join(size.strip() for size in args.sizes.split(","))
@@ -139,7 +168,7 @@ def mix_spec(args) -> MixSpec:
     prompts = tuple(p for p in args.prompts.split("|") if p.strip()) if args.prompts else DEFAULT_PROMPTS
     return MixSpec(sizes=tuple(args.sizes.split(",")), prompts=prompts, seeds=args.seeds, n=args.n,
                    steps=args.steps, guidance=args.guidance, negative_prompt=args.negative_prompt,
-                   mix_seed=args.mix_seed)
+                   mix_seed=args.mix_seed, models=tuple(args.models.split(",")) if args.models else ())
 
 
 def default_label(stats: dict[str, Any]) -> str:
@@ -162,6 +191,9 @@ def load_one(url: str, label: str, bodies, args) -> Any:
     run = run_load(url, bodies, label=label, concurrency=args.concurrency, time_limit_s=args.time_limit,
                    request_timeout_s=args.request_timeout)
     print(f"{label}: done in {run.wall_s:.1f} s", flush=True)
+    if getattr(args, "check_alone", False):
+        replies = replay_alone(url, run, request_timeout_s=args.request_timeout, time_limit_s=args.time_limit)
+        print(f"{label}: sent {len(replies)} distinct requests again, alone", flush=True)
     return run
 
 
@@ -196,23 +228,31 @@ def run_spawned(args, bodies) -> list[Any]:
 
 def report(runs, args, spec: MixSpec) -> tuple[str, dict[str, Any], bool]:
     summaries = [summarize(r, args.memory_tolerance) for r in runs]
-    cross = cross_check(runs[0], runs[1]) if len(runs) == 2 else None
+    cross = cross_check(runs[0], runs[1]) if len(runs) == 2 and not args.no_cross_check else None
     ratios = latency_ratios(summaries[0], summaries[1], args.max_latency_ratio) if len(runs) == 2 else None
+    throughput = (throughput_ratio(summaries[0], summaries[1], args.min_throughput_ratio, args.max_p99_ratio)
+                  if len(runs) == 2 else None)
     warmed = set((summaries[0]["server"].get("warmup") or {}).get("sizes") or [])
     sizes = ", ".join(s + ("*" if s in warmed else "") for s in spec.sizes)
     header = (f"load: {args.requests} requests per server, {args.concurrency} clients, sizes {sizes} (* warmed), "
               f"{len(spec.prompts)} prompts x {spec.seeds} seeds, mix seed {spec.mix_seed}")
-    text = format_report(summaries, cross, ratios, header)
+    text = format_report(summaries, cross, ratios, header, throughput)
     passed = all(s["ok"] == s["requests"] == args.requests and not s["consistency"]["inconsistent_identities"]
                  for s in summaries)
     if cross is not None:
         passed = passed and not cross["mismatched"] and not cross["not_compared"]
     if ratios is not None and ratios["passed"] is False:
         passed = False
+    if throughput is not None and throughput["passed"] is False:
+        passed = False
+    if args.check_alone:
+        passed = passed and all(s["alone_check"] is not None and not s["alone_check"]["mismatched"]
+                                and not s["alone_check"]["failed"] for s in summaries)
     result = {"mix": dataclasses.asdict(spec),
               "requests": args.requests, "concurrency": args.concurrency, "servers": summaries,
-              "cross_check": cross, "latency_ratio": ratios, "passed": passed,
-              "outcomes": {r.label: [o.__dict__ for o in r.outcomes] for r in runs}}
+              "cross_check": cross, "latency_ratio": ratios, "throughput_ratio": throughput, "passed": passed,
+              "outcomes": {r.label: [o.__dict__ for o in r.outcomes] for r in runs},
+              "alone": {r.label: [o.__dict__ for o in r.alone] for r in runs if r.alone}}
     return text, result, passed
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "RequestLimits",
     "RequestPlanner",
     "body_too_large",
+    "model_not_found",
     "parse_size",
 ]
 
@@ -46,6 +47,8 @@ MAX_BODY_BYTES = 1 << 20
 MAX_JSON_DEPTH = 16
 #: Longest ``model`` and ``user`` (texts that are accepted and ignored).
 MAX_NAME_CHARS = 256
+#: ``lora_scale`` lies in -MAX_LORA_SCALE .. MAX_LORA_SCALE (it multiplies the adapter's alpha / rank).
+MAX_LORA_SCALE = 16.0
 
 
 class RequestError(Exception):
@@ -68,10 +71,11 @@ class ImageRequest(BaseModel):
     """The JSON body: the OpenAI images API fields plus the diffusion fields.
 
     Types are strict (``"2"`` is not an integer, ``true`` is not a number) and unknown fields are refused,
-    so a misspelt ``num_inference_step`` fails instead of being ignored. ``model`` and ``user`` are accepted
-    and ignored (clients send them), ``quality`` and ``style`` (the OpenAI client's) are checked against
-    their OpenAI values and ignored; ``null`` means the default for every optional field but ``size``
-    (leave it out for the default).
+    so a misspelt ``num_inference_step`` fails instead of being ignored. ``model`` selects what serves the
+    request (absent or the base model's id: the base model; another id the server lists in ``/v1/models``: that
+    adapter; any other id: a 404), ``user`` is accepted and ignored (clients send it), ``quality`` and ``style``
+    (the OpenAI client's) are checked against their OpenAI values and ignored; ``null`` means the default for
+    every optional field but ``size`` (leave it out for the default).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -89,6 +93,7 @@ class ImageRequest(BaseModel):
     style: str | None = None
     model: str | None = None
     user: str | None = None
+    lora_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,13 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class GenerationJob:
-    """One validated request: what it asked for and the ``pipe(...)`` keyword arguments (no generator)."""
+    """One validated request: what it asked for and the ``pipe(...)`` keyword arguments (no generator).
+
+    ``adapter`` is the adapter (LoRA) id the request's ``model`` field selected, ``None`` for the base model;
+    ``adapter_scale`` its scale (``None``: the adapter's default). Both are part of the batch key
+    (:func:`.batching.batch_key`): requests for different adapters or scales never share a pipeline call. The
+    code that serves adapters applies them around the call; the planner only resolves the id.
+    """
 
     prompt: str
     width: int
@@ -122,6 +133,8 @@ class GenerationJob:
     guidance: float | None
     negative_prompt: str | None
     call: dict[str, Any] = field(compare=False)
+    adapter: str | None = None
+    adapter_scale: float | None = None
 
     @property
     def size(self) -> str:
@@ -137,6 +150,14 @@ def parse_size(text: str, *, param: str = "size") -> tuple[int, int]:
         raise RequestError(f"{param} {text!r} is not WIDTHxHEIGHT in pixels: two whole numbers without leading "
                            "zeros joined by a lowercase x, nothing around them, e.g. '512x512'", param=param)
     return int(match.group(1)), int(match.group(2))
+
+
+def model_not_found(name: str, served: list[str]) -> RequestError:
+    """The 404 (OpenAI code ``model_not_found``) of a request whose ``model`` this server does not serve."""
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    return RequestError(f"the model {shown!r} does not exist on this server; it serves {', '.join(map(repr, served))} "
+                        "(GET /v1/models lists them; leave model out for the base model)",
+                        status=404, param="model", code="model_not_found")
 
 
 def body_too_large(limit: int) -> RequestError:
@@ -219,6 +240,10 @@ class RequestPlanner:
     size, ``--size`` tiny or full (the family defaults come from it; a request's ``size`` is an image size, WxH). ``resolution_binning=False`` passes
     ``use_resolution_binning=False`` wherever the pipeline takes it. The pipeline itself is only read
     (its call signature), never called.
+
+    ``model_id`` is the base model's id (``/v1/models``; a request's ``model`` field may name it);
+    ``adapter_ids`` the ids of the adapters the server serves besides (filled by the code that loads them):
+    :meth:`model_ids` lists both, :meth:`resolve_model` maps a request's ``model`` to an adapter id or ``None``.
     """
 
     pipe: Any
@@ -229,11 +254,27 @@ class RequestPlanner:
     default_height: int
     default_steps: int
     resolution_binning: bool = True
+    model_id: str = "default"
+    adapter_ids: tuple[str, ...] = ()
 
     def __post_init__(self):
         params = pipelines.call_parameters(self.pipe)
         self.takes_batch = any(k in params for k in BATCH_KWARGS)
         self.takes_binning = "use_resolution_binning" in params
+
+    # -- models --------------------------------------------------------------------------------------
+    def model_ids(self) -> list[str]:
+        """What ``GET /v1/models`` lists: the base model's id first, then every adapter's."""
+        return [self.model_id, *self.adapter_ids]
+
+    def resolve_model(self, name: str | None) -> str | None:
+        """A request's ``model`` -> the adapter id it selects, ``None`` for the base model (absent, or the base
+        model's id); a 404 :class:`RequestError` (code ``model_not_found``) for an id this server does not serve."""
+        if name is None or name == self.model_id:
+            return None
+        if name in self.adapter_ids:
+            return name
+        raise model_not_found(name, self.model_ids())
 
     # -- body -> job ---------------------------------------------------------------------------------
     def parse(self, raw: bytes) -> GenerationJob:
@@ -295,7 +336,26 @@ class RequestPlanner:
             raise RequestError(f"guidance_scale={r.guidance_scale} is out of range: 0 .. 10000",
                                param="guidance_scale")
         call = self._call(r, width, height, steps, n)
-        return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call)
+        adapter = self.resolve_model(r.model)
+        return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call,
+                             adapter=adapter, adapter_scale=self._adapter_scale(adapter, r.lora_scale))
+
+    def _adapter_scale(self, adapter: str | None, scale: float | None) -> float | None:
+        """The scale of a request's adapter: ``lora_scale``, 1.0 without one; ``None`` for the base model (where a
+        ``lora_scale`` is a 400: it would have no effect)."""
+        if adapter is None:
+            if scale is not None:
+                served = ", ".join(map(repr, self.adapter_ids)) or "none on this server"
+                raise RequestError(f"lora_scale applies to an adapter, and this request gets the base model; give model "
+                                   f"as an adapter's id (GET /v1/models; adapters: {served}) or leave lora_scale out",
+                                   param="lora_scale")
+            return None
+        if scale is None:
+            return 1.0
+        if not -MAX_LORA_SCALE <= scale <= MAX_LORA_SCALE:
+            raise RequestError(f"lora_scale={scale} is out of range: -{MAX_LORA_SCALE:g} .. {MAX_LORA_SCALE:g}",
+                               param="lora_scale")
+        return float(scale)
 
     def _pixels(self, size: str | None) -> tuple[int, int]:
         """The width and height of a request's ``size`` (``WxH``, ``auto`` or none: the default)."""
@@ -326,6 +386,15 @@ class RequestPlanner:
         for (key, param), given in asked.items():
             if given and key in dropped:
                 raise RequestError(f"{type(self.pipe).__name__} takes no {key!r}; leave {param} out", param=param)
+        ignored = pipelines.ignored_call_fields(self.pipe, call)
+        for (key, param), given in asked.items():
+            why = ignored.get(key) if given else None
+            if why is None:
+                continue
+            todo = f"leave {param} out"
+            if why.setting == guidance_kwarg and why.above is not None and param != "guidance_scale":
+                todo = f"give guidance_scale above {why.above:g}, or {todo}"
+            raise RequestError(f"{param} has no effect on this model: {why.reason}; {todo}", param=param)
         return call
 
     # -- start-up ------------------------------------------------------------------------------------

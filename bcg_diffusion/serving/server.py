@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -31,24 +32,27 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from bcg_diffusion.cli.choices import MAX_STEPS
-from bcg_diffusion.cli.generate_args import check_binning_flag
-from bcg_diffusion.cli.options import (
+from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.options import (
     Failure,
     add_model_options,
+    check_binning_flag,
     choose_device,
     command_name,
     family_or_checkpoint,
     offline_hint,
     quiet_known_messages,
 )
-from bcg_diffusion.cli.speedups import quiet_library_warnings, regional_compile
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile
 
 from .listen import LISTENING_PREFIX, bind_socket, serve  # uvicorn only once serving
+from .replica_options import add_replica_arguments  # no Ray
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
+    from .adapter_options import add_lora_options, attach_adapters, lora_specs, warm_adapters
     from .app import ServerState, create_app
+    from .batching import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT, BatchPolicy, BatchShapes, BatchStats, RequestBatcher
     from .granularity import pixel_granularity
     from .requests import RequestError, RequestLimits, RequestPlanner, parse_size
     from .startup_warmup import run_warmup
@@ -57,6 +61,7 @@ except ModuleNotFoundError as exc:  # the serve extra is not installed
     if exc.name not in SERVE_EXTRA_MODULES:
         raise
     MISSING_SERVE_EXTRA: str | None = f"{exc}; install the server's packages with: pip install -e \".[serve]\""
+    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 500.0, 1 << 21  # --help still shows them (batching.py owns them)
 else:
     MISSING_SERVE_EXTRA = None
 
@@ -69,6 +74,9 @@ DEFAULT_MAX_PIXELS = 2048 * 1024
 DEFAULT_MAX_STEPS = MAX_STEPS  # as bcg-generate's --steps
 DEFAULT_MAX_N = 4
 DEFAULT_MAX_QUEUE = 64
+#: --max-batch: off by default (a lone request would pay for a full batch, and batched images differ from unbatched
+#: ones: another batch shape); docs/serving.md#batching says when to turn it on.
+DEFAULT_MAX_BATCH = 1
 CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
 CHECKPOINT_DEFAULT_STEPS = 28
 #: The environment variable that holds the API key when --api-key is not given (vLLM's VLLM_API_KEY, here).
@@ -109,9 +117,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"largest n (default: {DEFAULT_MAX_N})")
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"requests waiting or running at once; more get a 503 (default: {DEFAULT_MAX_QUEUE})")
+    g.add_argument("--served-model-name", default=None, metavar="ID",
+                   help="the base model's id in GET /v1/models and in a request's model field (default: --model as "
+                   "given); a request without model, or with this id, gets the base model; any other unknown id a 404")
     g.add_argument("--no-resolution-binning", action="store_true",
                    help="pass use_resolution_binning=False wherever the pipeline takes it (PixArt, Sana): the "
                    "transformer then runs the size asked for, not the nearest aspect-ratio bin")
+    g = p.add_argument_group("batching (docs/serving.md#batching)")
+    g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="ROWS",
+                   help="run requests that can share a pipeline call (same size, steps, guidance, adapter, ...) as one "
+                   "call of exactly ROWS images (filler rows pad it, so an image never depends on its batch); "
+                   f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH})")
+    g.add_argument("--batch-window-ms", type=float, default=DEFAULT_WINDOW_MS, metavar="MS",
+                   help="the longest a request waits for others to join its batch; a batch runs earlier once full or "
+                   f"once every client of the previous call is back (default: {DEFAULT_WINDOW_MS:g})")
+    g.add_argument("--batch-work-limit", type=int, default=DEFAULT_WORK_LIMIT, metavar="N",
+                   help="sizes whose latent tokens x hidden size x CFG rows is above N are compute-bound and run "
+                   f"unbatched (default: {DEFAULT_WORK_LIMIT}; 0: batch every size)")
+    if MISSING_SERVE_EXTRA is None:
+        add_lora_options(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}; anything else is reachable from other "
@@ -124,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"port (default: {DEFAULT_PORT}; 0: a free port, printed as '{LISTENING_PREFIX}URL')")
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="log level of the server's own log on stderr (default: info)")
+    add_replica_arguments(p)
     g = p.add_argument_group("testing")
     g.add_argument("--inject", action="append", default=[], metavar="KIND:PROMPT",
                    help="testing only: a request with exactly PROMPT fails inside the pipeline after its first step "
@@ -151,13 +176,17 @@ def api_key(args, parser: argparse.ArgumentParser) -> str | None:
 
 def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """``parser.error`` (exit 2) for bad options; returns the parsed sizes, injections and the API key."""
-    for name in ("max_pixels", "max_steps", "max_n", "max_queue", "steps"):
+    for name in ("max_pixels", "max_steps", "max_n", "max_queue", "steps", "max_batch"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
     if args.steps is not None and args.steps > args.max_steps:
         parser.error(f"--steps {args.steps} is above --max-steps {args.max_steps}: a request without "
                      "num_inference_steps would be refused; lower --steps or raise --max-steps")
+    if args.batch_window_ms < 0 or args.batch_work_limit < 0:
+        parser.error("--batch-window-ms and --batch-work-limit must be >= 0")
+    if args.served_model_name is not None and not 0 < len(args.served_model_name) <= 256:
+        parser.error("--served-model-name must have 1 .. 256 characters")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
     warmup = ([parse_size_option(s.strip(), "--warmup", parser) for s in args.warmup.split(",")]
@@ -171,7 +200,8 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> dict[str, Any]:
         except ValueError as exc:
             parser.error(str(exc))
         injections[prompt] = kind
-    return {"warmup": warmup, "default_size": default_size, "injections": injections, "api_key": api_key(args, parser)}
+    return {"warmup": warmup, "default_size": default_size, "injections": injections, "api_key": api_key(args, parser),
+            "adapters": lora_specs(args, parser)}
 
 
 def is_loopback(host: str) -> bool:
@@ -271,6 +301,11 @@ def model_size(args) -> str:
     return args.size if args.model in pipelines.list_families() else "full"
 
 
+def served_model_name(args) -> str:
+    """The base model's id: ``--served-model-name``, else ``--model`` as given."""
+    return args.served_model_name or args.model
+
+
 def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     g = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
     limits = RequestLimits(granularity=g, max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n)
@@ -281,7 +316,8 @@ def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     planner = RequestPlanner(pipe, spec, size, limits,
                              default_width=default_size[0], default_height=default_size[1],
                              default_steps=default_steps(pipe, spec, args),
-                             resolution_binning=not args.no_resolution_binning)
+                             resolution_binning=not args.no_resolution_binning,
+                             model_id=served_model_name(args))
     try:
         planner.default_job(*default_size)
     except RequestError as exc:
@@ -289,15 +325,36 @@ def make_planner(pipe, spec, args, default_size) -> RequestPlanner:
     return planner
 
 
+def batching_setup(pipe, planner: RequestPlanner, args, sizes: list[tuple[int, int]]) -> BatchShapes | None:
+    """The batch shapes of ``--max-batch`` > 1 (``None`` for 1), with the lines that say, per warmed size (or the
+    default size), whether its calls are batched; ``n`` is capped at ``--max-batch`` (a request must fit a batch)."""
+    if args.max_batch <= 1:
+        return None
+    if not planner.takes_batch:
+        print(f"  batching: off: {type(pipe).__name__} makes one image per call (no images-per-prompt argument)",
+              flush=True)
+        return None
+    policy = BatchPolicy(args.max_batch, args.batch_window_ms / 1000.0, args.batch_work_limit)
+    shapes = BatchShapes(pipe, policy, planner.limits.granularity)
+    if planner.limits.max_n > args.max_batch:
+        print(f"  batching: n is capped at --max-batch {args.max_batch} (was --max-n {planner.limits.max_n})", flush=True)
+        planner.limits = dataclasses.replace(planner.limits, max_n=args.max_batch)
+    print(f"  batching: up to {args.max_batch} images per call, window {args.batch_window_ms:g} ms; every batched "
+          f"call runs {args.max_batch} rows (a lone request pays for a full batch)", flush=True)
+    for width, height in sizes or [(planner.default_width, planner.default_height)]:
+        print(f"    {shapes.describe(width, height, planner.default_job(width, height).call)}", flush=True)
+    return shapes
+
+
 def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner,
-            sizes: list[tuple[int, int]]) -> dict[str, Any]:
+            sizes: list[tuple[int, int]], shapes: BatchShapes | None = None) -> dict[str, Any]:
     """Run the warm-up on the worker thread; print its report; its summary for ``/stats``."""
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None}
     method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else "server (2-step calls)"
     print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}) ...", flush=True)
     try:
-        report = worker.submit(lambda: run_warmup(generator, planner, sizes)).result()
+        report = worker.submit(lambda: run_warmup(generator, planner, sizes, shapes)).result()
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
@@ -310,14 +367,14 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
 def server_info(args, spec, pipe, device, dtype, planner: RequestPlanner, warmup: dict,
                 api_key_required: bool = False) -> dict[str, Any]:
     return {
-        "model": args.model, "family": spec.name if spec is not None else None,
+        "model": args.model, "model_ids": planner.model_ids(), "family": spec.name if spec is not None else None,
         "size": args.size if args.model in pipelines.list_families() else "checkpoint",
         "pipeline": type(pipe).__name__, "device": str(device), "dtype": pipelines.dtype_name(dtype),
         "bcg": bool(args.bcg) and device.type == "cuda", "bcg_requested": bool(args.bcg), "compile": bool(args.compile),
         "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
         "max_queue": args.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
-        "default_steps": planner.default_steps,
+        "default_steps": planner.default_steps, "max_batch": args.max_batch,
         "resolution_binning": (not args.no_resolution_binning) if planner.takes_binning else None,
         "warmup": warmup, "api_key_required": api_key_required, "torch": torch.__version__,
         "bcg_diffusion": bcg_diffusion.__version__,
@@ -357,8 +414,13 @@ def start(args, parser) -> int:
               f"{pipelines.dtype_name(dtype)} ...", flush=True)
         t0 = time.perf_counter()
         pipe, spec = build(args, spec, device, dtype)
+        adapters = attach_adapters(pipe, options["adapters"], args, served_model_name(args), prog())  # before BCG
         notes = speed_up(pipe, args, device)
         planner = make_planner(pipe, spec, args, options["default_size"])
+        if adapters is not None:
+            planner.adapter_ids = tuple(adapters.names)
+            notes.append(f"LoRA adapters: {', '.join(adapters.names)} (hot-swap rank {adapters.target_rank}, "
+                         f"{adapters.gpu_slots} kept on the device)")
         print(f"built in {time.perf_counter() - t0:.1f} s; sizes in multiples of {planner.limits.granularity} px, "
               f"default {planner.default_width}x{planner.default_height} (WxH), {planner.default_steps} steps", flush=True)
         for note in notes:
@@ -366,14 +428,20 @@ def start(args, parser) -> int:
         if planner.takes_binning and not args.no_resolution_binning:
             print(f"  note: {type(pipe).__name__} snaps sizes to its aspect-ratio bins and resizes the result "
                   "(--no-resolution-binning turns that off)", flush=True)
+        shapes = batching_setup(pipe, planner, args, options["warmup"])
         counters = ServerCounters()
         worker = PipelineWorker()
         generator = ImageGenerator(pipe, device, counters, options["injections"])
-        warmup = warm_up(worker, generator, planner, options["warmup"])
+        warmup = warm_up(worker, generator, planner, options["warmup"], shapes)
+        warm_adapters(adapters, worker, generator, lambda: warm_up(worker, generator, planner, options["warmup"], shapes))
         info = server_info(args, spec, pipe, device, dtype, planner, warmup, options["api_key"] is not None)
+        batcher = (RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
+                   if shapes is not None else None)
         app = create_app(ServerState(planner, worker, generator, counters, info, args.max_queue,
-                                     api_key=options["api_key"]))
+                                     api_key=options["api_key"], batcher=batcher))
         serve(app, sock, announce)
+        if batcher is not None:
+            batcher.stop()
         worker.stop()
     finally:
         sock.close()
@@ -390,23 +458,3 @@ def configure_logging(level_name: str) -> None:
     for name in ("bcg_diffusion", "bcg_pipelines"):
         logging.getLogger(name).setLevel(library)
     logging.getLogger("bcg_diffusion.serving").setLevel(level)
-
-
-def main(argv: list[str] | None = None) -> int:
-    quiet_known_messages()
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        if MISSING_SERVE_EXTRA:
-            parser.error(MISSING_SERVE_EXTRA)
-        configure_logging(args.log_level)
-        return start(args, parser)
-    except SystemExit as exc:  # --help (0) or a bad argument (2)
-        return int(exc.code or 0)
-    except Failure as failure:
-        print(failure, file=sys.stderr)
-        return failure.code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

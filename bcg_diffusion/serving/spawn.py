@@ -25,7 +25,7 @@ from .load_run import ALLOWED_HOST, check_loopback
 __all__ = ["SERVER_MODULE", "SpawnError", "SpawnedServer", "spawned_servers", "start_server", "stop_server"]
 
 #: The server a spawned process runs (``python -m``; the same code as ``scripts/serve.py`` and ``bcg-serve``).
-SERVER_MODULE = "bcg_diffusion.serving.server"
+SERVER_MODULE = "bcg_diffusion.serving.serve_command"
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1

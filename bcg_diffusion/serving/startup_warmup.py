@@ -6,6 +6,10 @@ Where the library has ``bcg_diffusion.warmup(pipe, shapes, **call)`` it is used:
 one 2-step call per size itself, with the same settings and a generator of its own (the documented
 equivalent): each call compiles (``--compile``) and captures (``--bcg``) what that size needs.
 Both run in the grad mode of the server's calls, on the worker thread.
+
+With batching (:mod:`.batching`), a size whose calls are batched is warmed at its batch shape: a list of
+``--max-batch`` prompts with one image each, as every batched call of that size runs, so its requests replay
+whatever their ``n`` or their batch. Sizes of different shapes are warmed in one library call per shape.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import torch
 
 import bcg_diffusion
 
+from bcg_pipelines.calls import BATCH_KWARGS
+
 from .requests import RequestPlanner
 from .worker import ImageGenerator, request_grad_mode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "ServerWarmupReport", "WarmupShape", "run_warmup", "warmup_call"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "ServerWarmupReport", "WarmupShape", "run_warmup", "warmup_call"]
 
 WARMUP_STEPS = 2
 #: Keys of a request's call that the warm-up sets per shape (or leaves to the warm-up's default).
@@ -65,10 +71,35 @@ class ServerWarmupReport:
         return "\n".join(lines)
 
 
-def warmup_call(planner: RequestPlanner, width: int, height: int) -> dict[str, Any]:
-    """The call settings of a default request at this size, without the per-shape keys."""
+@dataclass
+class CombinedWarmupReport:
+    """The reports of several warm-up calls (one per batch shape), as one: ``total_s``, ``captures``, ``str()``."""
+
+    reports: list
+
+    @property
+    def total_s(self) -> float:
+        return sum(float(r.total_s) for r in self.reports)
+
+    @property
+    def captures(self) -> int:
+        return sum(int(r.captures) for r in self.reports)
+
+    def __str__(self) -> str:
+        return "\n".join(str(r) for r in self.reports)
+
+
+def warmup_call(planner: RequestPlanner, width: int, height: int, rows: int = 1) -> dict[str, Any]:
+    """The call settings of a default request at this size, without the per-shape keys; with ``rows`` > 1, those
+    of a batched call of that many rows (a list of prompts, one image each)."""
     call = planner.default_job(width, height).call
-    return {k: v for k, v in call.items() if k not in PER_SHAPE_KEYS}
+    call = {k: v for k, v in call.items() if k not in PER_SHAPE_KEYS}
+    if rows > 1:
+        call["prompt"] = [call["prompt"]] * rows
+        for key in BATCH_KWARGS:
+            if key in call:
+                call[key] = 1
+    return call
 
 
 def _captures(pipe) -> int:
@@ -76,13 +107,23 @@ def _captures(pipe) -> int:
     return stats.captures
 
 
-def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]]):
-    """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``);
-    returns the library's report or a :class:`ServerWarmupReport`. Call it on the worker thread."""
+def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], shapes=None):
+    """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``), each at the
+    rows its calls run (``shapes``: a :class:`.batching.BatchShapes`; ``None``: 1); returns the library's report
+    or a :class:`ServerWarmupReport` (a :class:`CombinedWarmupReport` of them for sizes of several batch shapes).
+    Call it on the worker thread."""
+    groups: dict[int, list[tuple[int, int]]] = {}
     for width, height in sizes:
-        planner.default_job(width, height)  # the same checks as a request of that size
+        job = planner.default_job(width, height)  # the same checks as a request of that size
+        rows = shapes.rows_of(job) if shapes is not None else 1
+        groups.setdefault(rows, []).append((width, height))
+    reports = [_warm(generator, planner, group, rows) for rows, group in groups.items()]
+    return reports[0] if len(reports) == 1 else CombinedWarmupReport(reports)
+
+
+def _warm(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], rows: int):
     pipe = generator.pipe
-    call = warmup_call(planner, *sizes[0])
+    call = warmup_call(planner, *sizes[0], rows=rows)
     library_warmup = getattr(bcg_diffusion, "warmup", None)
     try:
         with request_grad_mode():

@@ -1,8 +1,8 @@
 """Pipeline work for the server: one worker thread, the job that generates images, the counters.
 
 The pipeline is called from one thread only (:class:`PipelineWorker`), one call at a time, in the order
-the requests arrived; the event loop only waits on the futures it gets back, so it stays free to answer
-``/health`` and ``/stats`` while a call runs.
+the calls were submitted (a request's, or a batch's: :mod:`.batching`); the event loop only waits on the futures
+it gets back, so it stays free to answer ``/health`` and ``/stats`` while a call runs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_pipelines.calls import BATCH_KWARGS
 
 from .png import to_pil_images
 from .requests import GenerationJob
@@ -151,10 +152,13 @@ class ServerCounters:
 
 @dataclass
 class GenerationResult:
-    """The images of one call (PIL, RGB) and how long the pipeline took."""
+    """The images of one request (PIL, RGB), how long its pipeline call took, and that call's batch: requests
+    and rows (filler rows included; 1 and ``n`` for an unbatched call)."""
 
     images: list
     pipeline_s: float
+    batch_requests: int = 1
+    batch_rows: int | None = None
 
 
 def stats_dict(pipe) -> dict[str, Any] | None:
@@ -180,25 +184,75 @@ class ImageGenerator:
         self.counters = counters
         self.injections = dict(injections or {})
         self._params = pipelines.call_parameters(pipe)
+        self.adapters = None  # an adapters.AdapterBank when the server serves LoRA adapters (attach_adapters)
         self.bcg_stats: dict[str, Any] | None = stats_dict(pipe)
+        self.adapter_stats: dict[str, Any] | None = None
 
     def refresh_stats(self) -> None:
         self.bcg_stats = stats_dict(self.pipe)
+        if self.adapters is not None:
+            self.adapter_stats = self.adapters.stats(self.bcg_stats)
 
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator(self.generator_device).manual_seed(seed)
 
     def generate(self, job: GenerationJob) -> GenerationResult:
+        """One request alone: ``pipe(**job.call)`` with one generator seeded ``job.seed`` for its ``n`` images."""
+        def call():
+            return self.pipe(**job.call, **self._injection_kwargs([job.prompt]), generator=self.generator(job.seed))
+
+        images, seconds = self._guarded(call, f"{job.size}, n={job.n}, {job.steps} steps, seed {job.seed}", [job])
+        return GenerationResult(images, seconds, 1, job.n)
+
+    def generate_batch(self, jobs: list[GenerationJob], rows: int) -> list[GenerationResult]:
+        """Requests of one batch key as ONE call of exactly ``rows`` rows (:mod:`.batching`): one prompt and one
+        generator per image (image ``i`` of a request seeded ``s`` from seed ``s + i``), filler rows up to ``rows``
+        (the first prompt, seed :data:`.batching.FILLER_SEED`), whose images are dropped. One result per job."""
+        from .batching import FILLER_SEED, row_seeds
+
+        prompts, seeds = [], []
+        for job in jobs:
+            prompts += [job.prompt] * job.n
+            seeds += row_seeds(job.seed, job.n)
+        real = len(prompts)
+        if not 0 < real <= rows:
+            raise ValueError(f"a batch of {real} images does not fit {rows} rows")
+        prompts += [prompts[0]] * (rows - real)
+        seeds += [FILLER_SEED] * (rows - real)
+        call_kwargs = {**jobs[0].call, "prompt": prompts}
+        for key in BATCH_KWARGS:
+            if key in call_kwargs:
+                call_kwargs[key] = 1
+
+        def call():
+            return self.pipe(**call_kwargs, **self._injection_kwargs([j.prompt for j in jobs]),
+                             generator=[self.generator(s) for s in seeds])
+
+        what = f"batch of {len(jobs)} request(s), {real} image(s) in {rows} rows, {jobs[0].size}, {jobs[0].steps} steps"
+        images, seconds = self._guarded(call, what, jobs)
+        results, start = [], 0
+        for job in jobs:
+            results.append(GenerationResult(images[start:start + job.n], seconds, len(jobs), rows))
+            start += job.n
+        return results
+
+    def _guarded(self, call: Callable[[], Any], what: str, jobs: list[GenerationJob]) -> tuple[list, float]:
+        """Run one pipeline call for ``jobs`` (one batch key: one adapter and scale) in the server's grad mode:
+        its images and seconds. With adapters, the jobs' adapter is selected first. A failure is counted and
+        logged; after an out-of-memory error the CUDA cache is emptied before it is raised again."""
         self.counters.add("pipeline_calls")
         start = time.perf_counter()
         try:
+            if self.adapters is not None:
+                if len({(j.adapter, j.adapter_scale) for j in jobs}) != 1:
+                    raise ValueError("requests for different adapters or scales cannot share a pipeline call")
+                self.adapters.select(jobs[0].adapter, jobs[0].adapter_scale, requests=len(jobs))
             with request_grad_mode():
-                output = self.pipe(**job.call, **self._injection_kwargs(job.prompt), generator=self.generator(job.seed))
-            return GenerationResult(to_pil_images(pipelines.generated(output)), time.perf_counter() - start)
+                output = call()
+            return to_pil_images(pipelines.generated(output)), time.perf_counter() - start
         except BaseException as exc:
             self.counters.add("pipeline_failures")
-            logger.error("pipeline call failed (%s, n=%d, %d steps, seed %d): %s: %s",
-                         job.size, job.n, job.steps, job.seed, type(exc).__name__, exc,
+            logger.error("pipeline call failed (%s): %s: %s", what, type(exc).__name__, exc,
                          exc_info=not isinstance(exc, (InjectedFailure, torch.OutOfMemoryError)))
             if not is_out_of_memory(exc):
                 raise
@@ -213,10 +267,12 @@ class ImageGenerator:
         raise torch.OutOfMemoryError(message)
 
     # -- testing: --inject ---------------------------------------------------------------------------
-    def _injection_kwargs(self, prompt: str) -> dict[str, Any]:
-        kind = self.injections.get(prompt)
-        if kind is None:
+    def _injection_kwargs(self, prompts: list[str]) -> dict[str, Any]:
+        """The step callback of the first of ``prompts`` with an ``--inject`` rule (a batch fails as a whole)."""
+        prompt = next((p for p in prompts if p in self.injections), None)
+        if prompt is None:
             return {}
+        kind = self.injections[prompt]
         state = {"done": False}
 
         def fire():

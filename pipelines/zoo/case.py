@@ -70,7 +70,7 @@ class ZooCase:
         variant: ``None`` for the case that calls the model as its pipeline does; otherwise the name of
             another call path of the same class (the case's ``name`` is then ``Class[variant]``).
         note: what the case exercises or why it is shaped so (facts for the reader of a probe table).
-        family: the ``bcg_pipelines`` family name when the class is one of ``bcg_diffusion.KNOWN_TRANSFORMERS``.
+        family: the ``bcg_pipelines`` family name when the class is one of :data:`bcg_pipelines.families.FAMILIES`.
     """
 
     class_name: str

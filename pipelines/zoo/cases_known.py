@@ -1,4 +1,4 @@
-"""Zoo cases of the families in ``bcg_diffusion.KNOWN_TRANSFORMERS``.
+"""Zoo cases of the families in :data:`bcg_pipelines.families.FAMILIES`.
 
 Configs are the families' own tiny configs (:mod:`bcg_pipelines.family_specs`); the inputs have the kinds, devices
 and layouts each pipeline passes (recorded from the tiny pipelines' first denoising step), with shorter

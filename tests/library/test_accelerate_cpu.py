@@ -99,7 +99,7 @@ def test_weights_fingerprint_sees_in_place_writes_and_new_parameters():
 
 
 def test_text_buckets_pad_with_masked_tokens():
-    info = TransformerInfo("qwenimage", text_kwarg="enc", text_mask_kwarg="mask")
+    info = TransformerInfo(text_kwarg="enc", text_mask_kwarg="mask")
     kwargs = {"enc": torch.ones(2, 5, 4), "mask": torch.ones(2, 5, dtype=torch.long)}
     padded = pad_text_to_bucket(info, (8, 16), kwargs)
     assert padded["enc"].shape == (2, 8, 4) and padded["mask"].shape == (2, 8)
@@ -108,7 +108,7 @@ def test_text_buckets_pad_with_masked_tokens():
     no_mask = pad_text_to_bucket(info, (8,), {"enc": kwargs["enc"], "mask": None})
     assert no_mask["enc"].shape == (2, 8, 4) and no_mask["mask"].dtype == torch.bool
     assert no_mask["mask"].sum().item() == 10
-    other = TransformerInfo("flux")
+    other = TransformerInfo()
     assert pad_text_to_bucket(other, (8,), kwargs) is kwargs
     assert bucket_for(17, (8, 16)) is None and bucket_for(9, (8, 16)) == 16
 

@@ -114,3 +114,37 @@ def test_the_command_writes_its_reports(tmp_path, capsys):
     text = (tmp_path / "planting.md").read_text()
     assert "Commit `abc123`" in text and "## By kind" in text and "## By site kind" in text
     assert "plants run: 2 of 2" in capsys.readouterr().out
+
+
+def test_a_child_that_dies_costs_only_the_plant_it_was_running(tmp_path, monkeypatch):
+    """--jobs: a child killed by a signal in plant 3 gives plant 3 a crash naming the signal; plants 2
+    (finished before) and 4 (run by a new child) keep their results."""
+    import argparse
+    import sys as _sys
+
+    from bcg_diffusion.checks import planting, planting_processes
+
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, os, signal, sys\n"
+        "indices = [int(i) for i in sys.argv[1].split(',')]\n"
+        "jsonl = sys.argv[2]\n"
+        "for i in indices:\n"
+        "    print(f'plant {i}: case site kind', file=sys.stderr, flush=True)\n"
+        "    if i == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "    with open(jsonl, 'a') as f:\n"
+        "        f.write(json.dumps({'index': i, 'case': 'c', 'site_kind': 's', 'kind': 'k', 'family': 'f', 'status': 'ok'}) + '\\n')\n")
+
+    def command(args, indices, jsonl, out_dir, budget_s):
+        return [_sys.executable, str(script), ",".join(map(str, indices)), str(jsonl)]
+
+    monkeypatch.setattr(planting_processes, "child_command", command)
+    got = []
+    args = argparse.Namespace(time_budget=60, chunk=10, jobs=1)
+    planting_processes.run_in_processes(
+        args, [2, 3, 4],
+        lambda i, status, error: planting.PlantResult(i, "c", "s", "k", "f", status=status, error=error),
+        lambda d: planting_processes.result_from_dict(planting.PlantResult, d), got.append)
+    assert [(r.index, r.status) for r in got] == [(2, "ok"), (3, "crash"), (4, "ok")]
+    assert "SIGSEGV" in got[1].error

@@ -12,7 +12,7 @@ import bcg_diffusion as bcg
 from _pipes import build, run, transformer_calls
 from _replay import assert_recaptured, assert_replayed, counters
 
-from bcg_diffusion.cli.quant_option import QUANT_NAMES, quantize
+from bcg_diffusion.toolkit.quant_option import QUANT_NAMES, quantize
 
 pytestmark = pytest.mark.gpu
 FAMILIES = ["flux", "pixart", "wan", "sd3"]
@@ -76,7 +76,7 @@ def test_diffusers_torchao_config_route_from_a_local_folder(tmp_path):
     """from_pretrained(..., quantization_config=TorchAoConfig(...)) from a local save, no hub download."""
     from diffusers import TorchAoConfig
 
-    from bcg_diffusion.cli.quant_option import torchao_config
+    from bcg_diffusion.toolkit.quant_option import torchao_config
 
     family = "flux"
     source = build(family, dtype=torch.bfloat16)

@@ -21,10 +21,10 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[2] / "bcg_diffusion" / "benchmarks"
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 
-from bcg_diffusion.benchmarks import bench_step  # noqa: E402
-from bcg_diffusion.benchmarks import bench_shapes  # noqa: E402
-from bcg_diffusion.benchmarks import cache_row, measure, modes, report, rows  # noqa: E402
-from bcg_diffusion.benchmarks.cases import VARIANTS, parse_case  # noqa: E402
+from bcg_diffusion.benchmarks.step import bench_step  # noqa: E402
+from bcg_diffusion.benchmarks.shapes import bench_shapes  # noqa: E402
+from bcg_diffusion.benchmarks.step import cache_row, measure, modes, report, rows  # noqa: E402
+from bcg_diffusion.benchmarks.step.cases import VARIANTS, parse_case  # noqa: E402
 from bcg_diffusion.benchmarks.timing import Clock  # noqa: E402
 
 NEW_MODES = ("bcg_break", "compile_bcg_break", "compile_full_bcg", "partition_ceiling", "compile_bcg_dynamic")
@@ -255,7 +255,7 @@ def test_quant_variants_exist_and_unknown_ones_are_refused():
 
 @CPU_ONLY
 def test_variant_without_torchao_is_skipped_with_the_install_hint(tmp_path, monkeypatch, capsys):
-    from bcg_diffusion.cli.quant_option import INSTALL_HINT
+    from bcg_diffusion.toolkit.quant_option import INSTALL_HINT
 
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
@@ -395,7 +395,7 @@ def test_bench_shapes_reduce_overhead_marks_steps_and_clones_outputs(monkeypatch
     """The reduce_overhead set-up swaps the compiled module into the pipeline, with hooks outside the compiled
     code that mark a step before each call and clone the outputs after; teardown removes the hooks."""
     import bcg_pipelines as pipelines
-    from bcg_diffusion.benchmarks import shapes
+    from bcg_diffusion.benchmarks.shapes import scenario as shapes
 
     marks, compiled = [], []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
@@ -441,7 +441,7 @@ class _Delegating(torch.nn.Module):
 
 
 def test_bench_shapes_helpers():
-    from bcg_diffusion.benchmarks import shapes
+    from bcg_diffusion.benchmarks.shapes import scenario as shapes
 
     assert shapes.parse_shapes(shapes.DEFAULT_SHAPES) == [(512, 512, None), (640, 768, None), (768, 768, None),
                                                           (896, 640, None), (1024, 1024, None)]
@@ -464,11 +464,12 @@ def test_bench_shapes_helpers():
 # imports of the bench package: no circle (rows <-> cache_row was one)
 # ---------------------------------------------------------------------------------------------------------
 def _bench_imports() -> dict[str, set[str]]:
-    """``module -> bench modules it imports`` for scripts/bench/*.py (relative and ``bench.`` imports)."""
+    """``module -> modules of the step benchmark it imports`` for benchmarks/step/*.py (its relative imports; the
+    whole tree's import circles are tests/tools/test_layers.py's)."""
     import ast
 
     graph = {}
-    for path in sorted(BENCHMARKS.glob("*.py")):
+    for path in sorted((BENCHMARKS / "step").glob("*.py")):
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -526,7 +527,7 @@ def test_modes_none_and_first_image_default():
 
 
 def test_children_command_lines():
-    from bcg_diffusion.benchmarks import processes
+    from bcg_diffusion.benchmarks.step import processes
 
     argv = ["--cases", "pixart:tiny", "--processes", "3", "--out-dir", "old", "--compile-cache=shared", "--iters", "2"]
     child = processes.child_argv(argv, 2, 3, Path("new/p2"), "/c")
@@ -555,7 +556,7 @@ def test_children_command_lines():
     ([1.0], "-"),                            # one process: no spread
 ])
 def test_verdicts(values, word):
-    from bcg_diffusion.benchmarks import across
+    from bcg_diffusion.benchmarks.step import across
 
     s = across.ratio_spread(values)
     assert s["verdict"] == word
@@ -582,7 +583,7 @@ def _synthetic_result(index: int, cb_ro: float, first_image_s: float, cache_stat
 def test_processes_run_combines_each_childs_result(tmp_path, monkeypatch, capsys):
     """The parent starts one child per process (here a stand-in that writes a result file where the child's
     --out-dir says), then writes medians, spreads and verdicts of every ratio."""
-    from bcg_diffusion.benchmarks import processes
+    from bcg_diffusion.benchmarks.step import processes
 
     started = []
 
@@ -623,7 +624,7 @@ def test_processes_run_combines_each_childs_result(tmp_path, monkeypatch, capsys
 
 
 def test_processes_children_that_disagree_are_refused(tmp_path, monkeypatch, capsys):
-    from bcg_diffusion.benchmarks import processes
+    from bcg_diffusion.benchmarks.step import processes
 
     def fake_run(command):
         argv = command[2:]
@@ -750,7 +751,7 @@ def test_first_image_through_the_command_line(tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 def test_regional_compile_all_compiles_the_leftover_children_and_keeps_the_output():
     import bcg_pipelines as pipelines
-    from bcg_diffusion.cli import speedups
+    from bcg_diffusion.toolkit import speedups
 
     torch._dynamo.reset()
     pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
@@ -804,7 +805,7 @@ def test_cp_case_parsing():
 
 
 def test_cp_launch_check():
-    from bcg_diffusion.benchmarks import parallel
+    from bcg_diffusion.benchmarks.step import parallel
 
     cp2, cp4, single = (parse_case(t) for t in ("flux:full:1024x1024:b1:cp2", "wan:full:cp4", "flux:full:512x512:b1"))
     problem = parallel.launch_problem([cp2], {})
@@ -829,7 +830,7 @@ def test_cp_case_without_torchrun_exits_2_saying_how_to_launch(capsys):
 
 
 def test_combine_ranks_reports_the_slowest_rank():
-    from bcg_diffusion.benchmarks import parallel
+    from bcg_diffusion.benchmarks.step import parallel
 
     def ok(ms, equal=True, busy=None):
         res = {"status": "ok", "median_ms": ms, "notes": [], "bitwise_equal_to_eager": equal,
@@ -870,7 +871,7 @@ def test_torch_ranks_agree_and_gather_over_gloo(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(
         "import json, sys\n"
-        "from bcg_diffusion.benchmarks.parallel import TorchRanks\n"
+        "from bcg_diffusion.benchmarks.step.parallel import TorchRanks\n"
         "ranks = TorchRanks(cuda=False)\n"
         "agreed = ranks.agree({'iters': 10 + ranks.rank})\n"
         "gathered = ranks.gather({'rank': ranks.rank, 'median_ms': 1.0 + ranks.rank})\n"
@@ -889,8 +890,8 @@ def test_torch_ranks_agree_and_gather_over_gloo(tmp_path):
 def test_the_first_image_row_warms_up_in_the_grad_mode_of_its_images(monkeypatch):
     """A warm-up outside ``inference_mode`` captures other keys than the row's images use (void rows, 2026-12-01)."""
     import bcg_diffusion
-    from bcg_diffusion.benchmarks import first_image
-    from bcg_diffusion.benchmarks.seeded_images import SeededImages
+    from bcg_diffusion.benchmarks.step import first_image
+    from bcg_diffusion.benchmarks.step.seeded_images import SeededImages
 
     modes = []
     monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: modes.append(torch.is_inference_mode_enabled()))

@@ -15,10 +15,10 @@ import torch
 
 import bcg_pipelines as pipelines
 from bcg_diffusion.step_caches import count_cache_passes
-from bcg_diffusion.cli.cache_option import (
-    CACHE_FAMILIES, CACHE_NAMES, cache_config, cache_unsupported_reason, check_cache, disable_cache, enable_cache,
+from bcg_diffusion.toolkit.cache_option import (
+    CACHE_FAMILIES, CACHE_NAMES, CacheSpec, cache_config, cache_unsupported_reason, check_cache, disable_cache, enable_cache,
     reset_cache_state)
-from bcg_diffusion.cli.speedups import quiet_library_warnings
+from bcg_diffusion.toolkit.speedups import quiet_library_warnings
 
 STEPS = 4
 PAIRS = [(name, family) for name in CACHE_NAMES for family in pipelines.list_families()]
@@ -86,8 +86,8 @@ def test_every_family_and_cache_has_a_reason_where_it_does_not_run():
             assert f"cannot run on {family}" in reason and "It runs on: " in reason
             with pytest.raises(ValueError, match=f"cannot run on {family}"):
                 check_cache(name, family)
-    assert check_cache("fbc:0.3", "flux") == ("fbc", 0.3)
-    assert check_cache("fbc:0.3", None) == ("fbc", 0.3)  # family not known yet: the spec only
+    assert check_cache("fbc:0.3", "flux") == CacheSpec("fbc", 0.3, "fbc:0.3")  # read once, handed on
+    assert check_cache(CacheSpec.parse("fbc:0.3"), None) == CacheSpec("fbc", 0.3, "fbc:0.3")  # family not known yet
     with pytest.raises(ValueError, match="unknown cache"):
         check_cache("nocache", "flux")
 

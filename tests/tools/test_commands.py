@@ -47,16 +47,16 @@ def test_serve_and_load_answer_help_without_the_serve_extra(tmp_path):
                 return None
 
         sys.meta_path.insert(0, NoServeExtra())
-        from bcg_diffusion.serving import load_test, server
+        from bcg_diffusion.serving import load_test, serve_command
 
         assert not {"fastapi", "httpx", "uvicorn"} & set(sys.modules)
-        for main in (load_test.main, server.main):
+        for main in (load_test.main, serve_command.main):
             try:
                 assert main(["--help"]) == 0
             except SystemExit as exc:
                 assert exc.code == 0
         assert load_test.main(["--url", "http://127.0.0.1:1"]) == 2
-        assert server.main([]) == 2
+        assert serve_command.main([]) == 2
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -43,17 +43,18 @@ def _readme_families() -> list[str]:
 
 
 def test_one_list_of_families():
-    """The library's KNOWN_TRANSFORMERS is the list; the pipelines registry (names, order, transformer
-    classes) and the README's list agree with it."""
+    """bcg_pipelines.families.FAMILIES is the list; the registry (names, order, transformer classes), the spec
+    modules and the README's list agree with it, and the library knows each family's transformer class."""
     from bcg_diffusion import KNOWN_TRANSFORMERS
 
     import bcg_pipelines as pipelines
+    from bcg_pipelines.families import FAMILIES
 
-    library = [info.family for info in KNOWN_TRANSFORMERS.values()]
-    assert len(set(library)) == len(library), library
+    library = list(FAMILIES)
     assert pipelines.list_families() == library
-    for class_name, info in KNOWN_TRANSFORMERS.items():
-        assert pipelines.get_family(info.family).transformer_class_name == class_name
+    for name, class_name in FAMILIES.items():
+        assert pipelines.get_family(name).transformer_class_name == class_name
+    assert list(FAMILIES.values()) == list(KNOWN_TRANSFORMERS), "the library's classes are the families' classes"
     assert _readme_families() == library
     modules = sorted(p.stem for p in (ROOT / "pipelines" / "family_specs").glob("*.py") if not p.stem.startswith("_"))
-    assert modules == sorted(library), "a family module that is not in KNOWN_TRANSFORMERS, or one missing"
+    assert modules == sorted(library), "a family module that is not in FAMILIES, or one missing"

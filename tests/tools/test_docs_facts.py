@@ -213,6 +213,23 @@ def serving_rows(family: str) -> list[list[str]]:
     return out
 
 
+#: docs/serving.md, "Batching measured on the H200": the run it cites, and its family labels.
+BATCHING_RUN = "batching_2026-12-02_153747"
+BATCHING_FAMILIES = {"pixart": "PixArt-Sigma", "flux": "Flux.1-dev"}
+
+
+def batching_rows() -> list[list[str]]:
+    out = []
+    for family in result(BATCHING_RUN)["results"]:
+        for role, s in family["summaries"].items():
+            b = s["batching"]
+            out.append([BATCHING_FAMILIES[family["family"]], role, f"{s['ok']}/{s['requests']}",
+                        f(s["throughput_rps"], 2), f(s["latency_s"]["p50"], 3), f(s["latency_s"]["p99"], 3),
+                        "-" if b is None else str(b["batches"]),
+                        "-" if b is None else ", ".join(f"{k}: {v}" for k, v in b["requests_per_batch"].items())])
+    return out
+
+
 def compare(where: str, quoted: list[str], expected: list[str]) -> list[str]:
     return [f"{where}, cell {i + 1}: the page says {q!r}, the results give {e!r}"
             for i, (q, e) in enumerate(zip(quoted, expected)) if q.replace("**", "") != e.replace("**", "")]
@@ -244,6 +261,10 @@ def figure_checks() -> tuple[int, list[str]]:
     for family, first in (("pixart", 0), ("flux", 2)):
         for row, expected in zip(rows[first:first + 2], serving_rows(family)):
             check(f"serving.md load table, {family} {row[1]}", [row[1], *row[2:8]], expected)
+    rows, expected = table(serving, "Batching measured on the H200"), batching_rows()
+    assert len(rows) == len(expected), (rows, expected)
+    for row, want in zip(rows, expected):
+        check(f"serving.md batching table, {row[0]} {row[1]}", row, want)
     # the ranges stated under the main table
     text = " ".join(prose(bench).split())
     launch, compute = [], []

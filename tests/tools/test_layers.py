@@ -3,10 +3,17 @@
 - ``bcg_diffusion/core/`` imports only itself, the standard library, torch and cuda-bindings;
 - ``bcg_diffusion/integration/`` imports nothing of the API modules (:data:`API_MODULES`);
 - the library (everything of ``bcg_diffusion`` but the tool packages) imports neither the tools nor ``bcg_pipelines``;
+- the kit (``bcg_diffusion.toolkit``) sits below the commands (:data:`COMMAND_PACKAGES`): it imports none of them,
+  and no command imports another command's modules (each job of ``benchmarks/`` is a command of its own; the
+  modules at its top are their shared parts, which import no job);
+- ``bcg_pipelines`` imports nothing of ``bcg_diffusion`` (it owns the family names: the two packages do not import
+  each other);
+- no import circles: no modules that import each other in a loop (imports inside functions count);
 - the tools (:data:`TOOL_PACKAGES`, ``scripts/``) and ``pipelines/`` use of the library only public names: the
   ``__all__`` of a public module (:data:`PUBLIC_MODULES`), imported or read as an attribute
   (``bcg_diffusion.X``); ``pipelines/`` imports no tool;
 - nothing imports ``pipelines`` (the folder installs as ``bcg_pipelines``), nothing writes ``sys.path``;
+- nothing but the Ray Serve modules (:data:`RAY_MODULES`, the ``ray`` extra) imports ``ray``;
 - nothing but the tests names a test-only switch (:data:`TEST_SWITCH`): the tests install what they need
   (the sabotage is a watcher of the runner events that ``tests/conftest.py`` installs);
 - every package folder is listed in pyproject.toml, every console command and ``scripts/*.py`` launcher calls
@@ -29,12 +36,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = "bcg_diffusion"
 FIXTURES = "bcg_pipelines"  # the folder pipelines/, as it installs
-TOOL_PACKAGES = ("bcg_diffusion.benchmarks", "bcg_diffusion.checks", "bcg_diffusion.cli", "bcg_diffusion.serving")
+KIT = "bcg_diffusion.toolkit"
+COMMAND_PACKAGES = ("bcg_diffusion.benchmarks", "bcg_diffusion.checks", "bcg_diffusion.cli", "bcg_diffusion.serving")
+TOOL_PACKAGES = (*COMMAND_PACKAGES, KIT)
 PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
 #: The user API, which the integration sits below (config, errors, families and stats are shared by both).
 API_MODULES = ("bcg_diffusion", "bcg_diffusion.accelerate", "bcg_diffusion.compile_cache", "bcg_diffusion.step_caches",
                "bcg_diffusion.warmup")
 CORE_MAY_IMPORT = ("torch", "cuda")
+#: The only modules that import Ray (the optional ``ray`` extra): the single server runs without it.
+RAY_MODULES = ("bcg_diffusion.serving.ray_app", "bcg_diffusion.serving.ray_run")
 #: The prefix of the test suite's switches (``..._SABOTAGE``), spelt so that this file does not match itself.
 TEST_SWITCH = "BCG_DIFFUSION_" + "TEST_"
 #: ``sys.path`` writes, spelt so that this file does not match itself.
@@ -78,6 +89,28 @@ def kind_of(module: str) -> str:
     if within(module, FIXTURES):
         return "fixtures"
     return "other"
+
+
+def command_of(module: str, packages: set[str]) -> str | None:
+    """The command a module belongs to: a package of :data:`COMMAND_PACKAGES`, or a job of ``benchmarks/`` (its
+    sub-package); ``bcg_diffusion.benchmarks`` itself for the parts its jobs share; ``None`` outside them."""
+    for command in COMMAND_PACKAGES:
+        if within(module, command):
+            job = ".".join(module.split(".")[:3])
+            return job if job != command and job in packages else command
+    return None
+
+
+def command_problem(source_module: str, target: str, packages: set[str]) -> str | None:
+    """Why ``source_module`` may not import ``target`` by the kit's rules (``None`` where it may)."""
+    if within(source_module, KIT) and command_of(target, packages):
+        return f"the kit imports {target}, a command's module: the kit sits below the commands"
+    mine, theirs = command_of(source_module, packages), command_of(target, packages)
+    if mine is None or theirs is None or mine == theirs:
+        return None
+    if within(mine, theirs):  # a benchmark job uses the parts the jobs share
+        return None
+    return f"{mine} imports {target}, a module of the command {theirs}: share it through {KIT}"
 
 
 def public_names(root: Path) -> dict[str, set[str]]:
@@ -155,8 +188,10 @@ def _mark_parents(tree: ast.AST) -> None:
                 child._parent_attr = node  # type: ignore[attr-defined]
 
 
-def check_source(source: Source, text: str, public: dict[str, set[str]], modules: set[str]) -> list[str]:
-    """The rules broken by one file, as ``path:line: what``; ``modules``: every module of the tree."""
+def check_source(source: Source, text: str, public: dict[str, set[str]], modules: set[str],
+                 packages: set[str] = frozenset()) -> list[str]:
+    """The rules broken by one file, as ``path:line: what``; ``modules``: every module of the tree, ``packages``
+    the packages among them."""
     tree = ast.parse(text)
     _mark_parents(tree)
     kind = kind_of(source.module)
@@ -172,6 +207,8 @@ def check_source(source: Source, text: str, public: dict[str, set[str]], modules
         imported = target if target in modules else module  # the module this import runs
         if top == "pipelines":
             say(line, f"imports {module}: the folder pipelines/ installs as {FIXTURES}")
+        if top == "ray" and source.module not in RAY_MODULES:
+            say(line, f"imports {module}: only {', '.join(RAY_MODULES)} import Ray (the optional ray extra)")
         if kind == "core" and not (within(module, "bcg_diffusion.core") or top in CORE_MAY_IMPORT
                                    or top in sys.stdlib_module_names or top == "__future__"):
             say(line, f"core imports {module} (only itself, the standard library, torch and cuda-bindings)")
@@ -182,6 +219,11 @@ def check_source(source: Source, text: str, public: dict[str, set[str]], modules
             say(line, f"the library imports {target}, a tool or the fixture package")
         if kind == "fixtures" and any(within(target, t) for t in TOOL_PACKAGES):
             say(line, f"{FIXTURES} imports {target}: the fixture package knows nothing of the tools")
+        elif kind == "fixtures" and top == LIBRARY:
+            say(line, f"{FIXTURES} imports {target}: it owns the family names and imports nothing of {LIBRARY}")
+        problem = command_problem(source.module, imported, packages)
+        if problem:
+            say(line, problem)
         if kind in ("tools", "fixtures"):
             problem = library_use_problem(module, name, public, modules)
             if problem:
@@ -205,6 +247,57 @@ def check_source(source: Source, text: str, public: dict[str, set[str]], modules
         if TEST_SWITCH in line:
             say(number, f"reads a test-only switch ({TEST_SWITCH}...): the tests install what they need")
     return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the tree it imports (anywhere in the file: an import inside a function counts)."""
+    tree = sources(root)
+    modules = {s.module for s in tree}
+    graph: dict[str, set[str]] = {}
+    for source in tree:
+        targets = set()
+        for _, module, name in imports(source, ast.parse((root / source.path).read_text())):
+            module = FIXTURES + module[len("pipelines"):] if within(module, "pipelines") else module
+            target = f"{module}.{name}" if name and f"{module}.{name}" in modules else module
+            if target in modules and target != source.module:
+                targets.add(target)
+        graph[source.module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each strongly connected set of two modules or more, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
 def packaging_problems(root: Path) -> list[str]:
@@ -245,9 +338,11 @@ def layer_violations(root: Path = ROOT) -> list[str]:
     public = public_names(root)
     tree = sources(root)
     modules = {s.module for s in tree}
+    packages = {s.module for s in tree if s.is_package}
     out = []
     for source in tree:
-        out += check_source(source, (root / source.path).read_text(), public, modules)
+        out += check_source(source, (root / source.path).read_text(), public, modules, packages)
+    out += [f"import circle: {' -> '.join(circle)}" for circle in circles(import_graph(root))]
     for path in sorted((root / "tests").rglob("*.py")) if (root / "tests").is_dir() else ():
         text = path.read_text()
         for number, line in enumerate(text.splitlines(), 1):
@@ -269,7 +364,8 @@ def test_the_tree_keeps_the_layer_rules():
 def test_the_checker_reads_the_whole_tree():
     modules = {s.module for s in sources(ROOT)}
     assert {"bcg_diffusion.core.capture", "bcg_diffusion.integration.runner", "bcg_diffusion.cli.generate",
-            "bcg_diffusion.serving.server", "bcg_diffusion.benchmarks.bench_step", "bcg_pipelines.registry",
+            "bcg_diffusion.serving.server", "bcg_diffusion.benchmarks.step.bench_step", "bcg_diffusion.toolkit.options",
+            "bcg_pipelines.registry",
             "bcg_pipelines.family_specs.flux", "scripts.generate"} <= modules
     assert public_names(ROOT)["bcg_diffusion"] >= {"accelerate_pipeline", "count_cache_passes", "install_attention_breaks"}
     assert "walk" in public_names(ROOT)["bcg_diffusion.core"]
@@ -282,8 +378,9 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
         "pyproject.toml": (
             '[project]\nname = "x"\n[project.scripts]\nbcg-generate = "bcg_diffusion.cli.generate:main"\n'
             '[tool.setuptools]\npackage-dir = { "bcg_pipelines" = "pipelines" }\n'
-            'packages = ["bcg_diffusion", "bcg_diffusion.cli", "bcg_diffusion.core", "bcg_diffusion.integration", '
-            '"bcg_pipelines"]\n'),
+            'packages = ["bcg_diffusion", "bcg_diffusion.benchmarks", "bcg_diffusion.benchmarks.shapes", '
+            '"bcg_diffusion.benchmarks.step", "bcg_diffusion.cli", "bcg_diffusion.core", "bcg_diffusion.integration", '
+            '"bcg_diffusion.serving", "bcg_diffusion.toolkit", "bcg_pipelines"]\n'),
         "bcg_diffusion/__init__.py": '__all__ = ["accelerate_pipeline"]\nfrom .accelerate import accelerate_pipeline\n',
         "bcg_diffusion/accelerate.py": "from .integration import runner\n\ndef accelerate_pipeline(pipe):\n    pass\n",
         "bcg_diffusion/config.py": "",
@@ -295,7 +392,19 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
         "bcg_diffusion/cli/generate.py": ("import bcg_diffusion\nimport bcg_pipelines as pipelines\n"
                                           "from bcg_diffusion.core import walk\n\n"
                                           "def main():\n    bcg_diffusion.accelerate_pipeline(pipelines)\n"),
-        "pipelines/__init__.py": "from bcg_diffusion import accelerate_pipeline\n",
+        "bcg_diffusion/toolkit/__init__.py": "",
+        "bcg_diffusion/toolkit/options.py": "import bcg_diffusion\n",
+        "bcg_diffusion/serving/__init__.py": "",
+        "bcg_diffusion/serving/server.py": "from bcg_diffusion.toolkit.options import bcg_diffusion\n",
+        "bcg_diffusion/benchmarks/__init__.py": "",
+        "bcg_diffusion/benchmarks/timing.py": "",
+        "bcg_diffusion/benchmarks/step/__init__.py": "",
+        "bcg_diffusion/benchmarks/step/bench_step.py": "from ..timing import *\nfrom .cases import *\n",
+        "bcg_diffusion/benchmarks/step/cases.py": "",
+        "bcg_diffusion/benchmarks/shapes/__init__.py": "",
+        "bcg_diffusion/benchmarks/shapes/scenario.py": "from ..timing import *\n",
+        "pipelines/__init__.py": "from .registry import *\n",
+        "pipelines/registry.py": "",
         "scripts/generate.py": ("import sys\n\nfrom bcg_diffusion.cli.generate import main\n\n"
                                 'if __name__ == "__main__":\n    sys.exit(main())\n'),
     }
@@ -308,6 +417,12 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 def test_a_clean_small_tree_has_no_violations(tmp_path):
     assert layer_violations(_tree(tmp_path, {})) == []
+
+
+def test_circles_are_the_loops_of_the_import_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 @pytest.mark.parametrize("name, text, needle", [
@@ -323,6 +438,7 @@ def test_a_clean_small_tree_has_no_violations(tmp_path):
      "bcg_diffusion.core.tree is not in bcg_diffusion.core.__all__"),
     ("scripts/tool.py", "from bcg_diffusion.integration import runner\n", "bcg_diffusion.integration is not a public"),
     ("pipelines/x.py", "from bcg_diffusion.step_caches import count\n", "bcg_diffusion.step_caches is not a public"),
+    ("pipelines/x.py", "from bcg_diffusion import accelerate_pipeline\n", "imports nothing of bcg_diffusion"),
     ("pipelines/x.py", "from bcg_diffusion.cli import generate\n", "knows nothing of the tools"),
     ("bcg_diffusion/core/tree.py", "from ..accelerate import accelerate_pipeline\n",
      "core imports bcg_diffusion.accelerate"),
@@ -340,7 +456,28 @@ def test_a_clean_small_tree_has_no_violations(tmp_path):
     ("tests/test_x.py", "import sys\nsys" ".path.append('scripts')\n", "writes sys.path"),
     ("scripts/generate.py", "import sys\nimport os\nfrom bcg_diffusion.cli.generate import main\n"
      + "\n" * 10 + "main()\n", "not a thin launcher"),
-    ("bcg_diffusion/serving/__init__.py", "", "package bcg_diffusion.serving is not in [tool.setuptools] packages"),
+    ("bcg_diffusion/cli/generate.py", "from ray import serve\n\ndef main():\n    pass\n", "only bcg_diffusion.serving"
+     ".ray_app, bcg_diffusion.serving.ray_run import Ray"),
+    ("bcg_diffusion/accelerate.py", "import ray\n", "only bcg_diffusion.serving.ray_app"),
+    ("bcg_diffusion/checks/__init__.py", "", "package bcg_diffusion.checks is not in [tool.setuptools] packages"),
+    # the kit below the commands; no command imports another's modules; the library imports no tool; no circles
+    ("bcg_diffusion/toolkit/options.py", "from bcg_diffusion.cli.generate import main\n",
+     "the kit imports bcg_diffusion.cli.generate, a command's module"),
+    ("bcg_diffusion/toolkit/options.py", "from bcg_diffusion.benchmarks import timing\n",
+     "the kit imports bcg_diffusion.benchmarks.timing, a command's module"),
+    ("bcg_diffusion/serving/server.py", "from bcg_diffusion.cli.generate import main\n",
+     "bcg_diffusion.serving imports bcg_diffusion.cli.generate, a module of the command bcg_diffusion.cli"),
+    ("bcg_diffusion/cli/generate.py", "from bcg_diffusion.serving import server\n\ndef main():\n    pass\n",
+     "bcg_diffusion.cli imports bcg_diffusion.serving.server, a module of the command bcg_diffusion.serving"),
+    ("bcg_diffusion/benchmarks/shapes/scenario.py", "from ..step.cases import *\n",
+     "bcg_diffusion.benchmarks.shapes imports bcg_diffusion.benchmarks.step.cases, a module of the command "
+     "bcg_diffusion.benchmarks.step"),
+    ("bcg_diffusion/benchmarks/timing.py", "from .step import cases\n",
+     "bcg_diffusion.benchmarks imports bcg_diffusion.benchmarks.step.cases"),
+    ("bcg_diffusion/accelerate.py", "from .toolkit import options\n", "the library imports bcg_diffusion.toolkit"),
+    ("bcg_diffusion/accelerate.py", "import bcg_pipelines\n", "the library imports bcg_pipelines"),
+    ("bcg_diffusion/benchmarks/step/cases.py", "def f():\n    from . import bench_step\n",
+     "import circle: bcg_diffusion.benchmarks.step.bench_step -> bcg_diffusion.benchmarks.step.cases"),
 ])
 def test_the_checker_reports_a_broken_rule(tmp_path, name, text, needle):
     violations = layer_violations(_tree(tmp_path, {name: text}))

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bcg_diffusion.cli import generate, media, options
+from bcg_diffusion.cli import generate
+from bcg_diffusion.toolkit import media, options
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # the no-CUDA path of the command (CUDA hidden where present)
@@ -128,7 +129,7 @@ def test_height_and_width_above_the_family_limit_exit_2(capsys, no_build, argv, 
 def test_the_size_limit_is_the_documented_one():
     import bcg_pipelines as pipelines
 
-    from bcg_diffusion.cli.generate_args import max_side
+    from bcg_diffusion.toolkit.sizes import max_side
 
     for name in pipelines.list_families():
         spec = pipelines.get_family(name)
@@ -220,7 +221,7 @@ def test_known_harmless_library_messages_are_dropped_and_others_kept(caplog):
 def test_bench_e2e_on_cpu_does_not_say_with_capture():
     import bcg_pipelines as pipelines
 
-    from bcg_diffusion.benchmarks.e2e_row import run_e2e
+    from bcg_diffusion.benchmarks.step.e2e_row import run_e2e
     from bcg_diffusion.benchmarks.timing import Clock
 
     pipe = pipelines.build_pipeline("flux", "tiny", device="cpu")
@@ -269,7 +270,7 @@ def test_generate_help_imports_neither_torch_nor_diffusers():
 def test_the_light_choices_agree_with_the_pipelines():
     import bcg_pipelines as pipelines
 
-    from bcg_diffusion.cli import choices
+    from bcg_diffusion.toolkit import choices
 
     assert choices.SIZES == pipelines.SIZES
     assert choices.DTYPE_NAMES == pipelines.DTYPE_NAMES

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bcg_diffusion.cli import choices, generate, generate_args, options
+from bcg_diffusion.cli import args as generate_args
+from bcg_diffusion.cli import generate, plan as generate_plan
+from bcg_diffusion.toolkit import choices, options
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's console scripts (pip install -e .)
@@ -31,7 +33,7 @@ def usage_error(capsys, argv: list[str]) -> str:
 
 def plan(argv: list[str]):
     parser = generate_args.build_parser()
-    return generate_args.make_plan(parser.parse_args(argv), parser)
+    return generate_plan.make_plan(parser.parse_args(argv), parser)
 
 
 # -- 3. a negative prompt the pipeline would ignore is refused -------------------------------------------------

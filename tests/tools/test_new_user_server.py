@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from bcg_diffusion.serving import serve_command
 from bcg_diffusion.serving import server as serve
 from bcg_diffusion.serving.app import authorized
 from bcg_diffusion.serving.requests import MAX_BODY_BYTES, MAX_JSON_DEPTH, QUALITIES, STYLES
@@ -192,17 +193,17 @@ def test_the_log_has_one_warmup_report_and_no_library_noise(spawned, http):
 ])
 def test_serve_refuses_before_building(capsys, no_build, monkeypatch, argv, needle):
     monkeypatch.delenv(serve.API_KEY_VARIABLE, raising=False)
-    assert serve.main(argv) == 2
+    assert serve_command.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("serve.py: error: ") and needle in err[-1], err[-3:]
 
 
 def test_host_without_a_key_warns_and_with_a_key_does_not(capsys, no_build, monkeypatch):
     monkeypatch.delenv(serve.API_KEY_VARIABLE, raising=False)
-    assert serve.main(["--host", "0.0.0.0", "--device", "mps"]) == 2  # stops after the warning, before a build
+    assert serve_command.main(["--host", "0.0.0.0", "--device", "mps"]) == 2  # stops after the warning, before a build
     assert "requires no API key; give it one with --api-key or BCG_API_KEY" in capsys.readouterr().err
     monkeypatch.setenv(serve.API_KEY_VARIABLE, KEY)
-    assert serve.main(["--host", "0.0.0.0", "--device", "mps"]) == 2
+    assert serve_command.main(["--host", "0.0.0.0", "--device", "mps"]) == 2
     assert "requires no API key" not in capsys.readouterr().err
 
 

@@ -372,7 +372,7 @@ def test_loaded_weights_are_copied_out_of_the_mapped_file(tmp_path):
 
 @functools.lru_cache(maxsize=None)
 def smoke_module():
-    return importlib.import_module("bcg_diffusion.benchmarks.smoke_full_pipelines")
+    return importlib.import_module("bcg_diffusion.checks.smoke_full_pipelines")
 
 
 def test_smoke_script_arguments_and_plan(capsys):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = {"generate": "bcg_diffusion.cli.generate", "bench_step": "bcg_diffusion.benchmarks.bench_step"}
+TOOLS = {"generate": "bcg_diffusion.cli.generate", "bench_step": "bcg_diffusion.benchmarks.step.bench_step"}
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)
 ACROSS_KIND = "across_processes"  # the "kind" of a --processes summary (scripts/bench/across.py)
 
@@ -38,8 +38,10 @@ def bench():
 # generate.py: arguments
 # ---------------------------------------------------------------------------------------------------------
 def test_generate_defaults(generate):
-    args = generate.build_parser().parse_args([])
-    assert args.model == generate.DEFAULT_MODEL == "flux"
+    from bcg_diffusion.cli import args as generate_args
+
+    args = generate_args.build_parser().parse_args([])
+    assert args.model == generate_args.DEFAULT_MODEL == "flux"
     assert args.size == "tiny"
     assert (args.batch, args.seed) == (1, 0)
     assert args.steps is None and args.height is None and args.guidance is None
@@ -162,7 +164,9 @@ def test_step_timer_sees_through_a_call_wrapper(generate):
     cls = type(pipe)
     pipe.__class__ = type(cls.__name__, (cls,), {"__call__": lambda self, *a, **k: cls.__call__(self, *a, **k)})
     assert "callback" in pipelines.call_parameters(pipe)
-    result = generate.run_pipeline(pipe, {"prompt": "x", "num_inference_steps": 3, "height": 64, "width": 64,
+    from bcg_diffusion.toolkit.timed_run import run_pipeline
+
+    result = run_pipeline(pipe, {"prompt": "x", "num_inference_steps": 3, "height": 64, "width": 64,
                                           "clean_caption": False}, 0, torch.device("cpu"), "wrapped")
     assert len(result.step_times) == 3 and result.latents is not None
 
@@ -284,7 +288,7 @@ def test_bench_without_matplotlib_writes_json_markdown_and_one_line(bench, tmp_p
 
 
 def test_bench_chart_legend_is_outside_the_bars(bench):
-    from bcg_diffusion.benchmarks.chart import draw_chart
+    from bcg_diffusion.benchmarks.step.chart import draw_chart
 
     modes = {m: {"median_ms": 1.0, "speedup_vs_eager": 1.0 + i, "torch_compile": False}
              for i, m in enumerate(bench.MODES)}
@@ -477,7 +481,7 @@ def test_generate_unknown_cache_spec_exits_2(generate, capsys, no_build, spec, n
     ("sana", "magcache", "TransformerBlockRegistry"),
 ])
 def test_generate_cache_on_a_family_it_cannot_run_on_exits_2(generate, capsys, no_build, model, spec, why):
-    import bcg_diffusion.cli.cache_option as caches
+    import bcg_diffusion.toolkit.cache_option as caches
 
     assert generate.main(["--model", model, "--cache", spec]) == 2
     err = capsys.readouterr().err
@@ -493,7 +497,7 @@ def _no_torchao(monkeypatch):
 
 @pytest.mark.parametrize("name", ["fp8", "fp8wo", "int8wo", "int8"])
 def test_generate_quant_without_torchao_exits_2_with_the_install_hint(generate, capsys, monkeypatch, no_build, name):
-    from bcg_diffusion.cli.quant_option import INSTALL_HINT
+    from bcg_diffusion.toolkit.quant_option import INSTALL_HINT
 
     _no_torchao(monkeypatch)
     assert generate.main(["--quant", name]) == 2
@@ -537,7 +541,7 @@ def test_quantize_leaves_inductor_settings_alone(name):
     first compile of Flux fp8 on the H200); ours do not (real torchao, on a tiny CPU model)."""
     import torch._inductor.config as inductor_config
 
-    from bcg_diffusion.cli.quant_option import quantize
+    from bcg_diffusion.toolkit.quant_option import quantize
 
     keys = ("coordinate_descent_tuning", "coordinate_descent_check_all_directions")
     with inductor_config.patch(dict.fromkeys(keys, False)):  # off before, whatever ran earlier; restored after
@@ -556,7 +560,7 @@ def test_pyproject_quant_extra_pins_torchao():
     assert req.name == "torchao"
     assert "0.17.0" in req.specifier and "0.18.1" in req.specifier  # 0.17.0 runs with torch 2.11 on the GPU machine
     assert "0.16.0" not in req.specifier and "0.19.0" not in req.specifier
-    from bcg_diffusion.cli.quant_option import INSTALL_HINT
+    from bcg_diffusion.toolkit.quant_option import INSTALL_HINT
 
     assert 'pip install -e ".[quant]"' in INSTALL_HINT  # the hint names this extra
 
@@ -613,13 +617,13 @@ def test_generate_no_resolution_binning_where_the_pipeline_does_not_bin_exits_2(
      "96x128 latents (WxH; 3072 tokens at patch 2; hidden_states a list of 1: 16x1x128x96)"),
 ])
 def test_ran_size_reads_each_layout(shapes, config, text):
-    from bcg_diffusion.cli.timed_run import ran_size
+    from bcg_diffusion.toolkit.timed_run import ran_size
 
     assert ran_size(shapes, config).describe() == text
 
 
 def test_input_shapes_hook_is_removed_after_the_run():
-    from bcg_diffusion.cli.timed_run import InputShapes
+    from bcg_diffusion.toolkit.timed_run import InputShapes
 
     module = torch.nn.Linear(3, 3)
     with InputShapes(module) as seen:
@@ -707,7 +711,9 @@ def test_generate_compile_cache_needs_compile(generate, tmp_path, capsys, no_bui
 def test_generate_compile_cache_prints_its_status_and_the_compile_setup(generate, tmp_path, capsys, monkeypatch):
     """The real use_compile_cache; regional compile replaced by a no-op (compiling on this CPU takes minutes)."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # use_compile_cache sets it; restored after
-    monkeypatch.setattr(generate, "regional_compile", lambda transformer: "regional compile (a no-op here)")
+    from bcg_diffusion.cli import run
+
+    monkeypatch.setattr(run, "regional_compile", lambda transformer: "regional compile (a no-op here)")
     assert generate.main(["--steps", "2", "--compile", "--compile-cache", str(tmp_path / "cc"),
                           "--out", str(tmp_path / "c.png")]) == 0
     text = capsys.readouterr().out
@@ -802,7 +808,9 @@ def test_bcg_line_reads_str_of_the_stats():
     generate = _load("generate")
     stats = BCGStats("FluxTransformer2DModel", False, hits=5, misses=2, captures=1, eager_calls=3, capture_time_s=0.5,
                      graph_memory_bytes=0, warmup_calls=2, failed_captures=1)
-    counts = _bcg_counts(generate.format_bcg_stats(stats, indent="    "))
+    from bcg_diffusion.cli.report import format_bcg_stats
+
+    counts = _bcg_counts(format_bcg_stats(stats, indent="    "))
     assert counts == {"keys": 0, "calls": 10, "replayed": 5, "first": 2, "eager": 3, "captures": 1, "failed": 1,
                       "misses": 2}
 

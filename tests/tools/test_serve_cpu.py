@@ -393,11 +393,13 @@ def test_serve_refuses_a_warmup_size_the_model_cannot_make(serve_script, capsys)
     assert "multiples of 16" in capsys.readouterr().err
 
 
-def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(serve_script, tmp_path):
+def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(tmp_path):
+    from bcg_diffusion.serving import server
+
     pipelines.build_pipeline("flux", size="tiny", device="cpu").save_pretrained(tmp_path)
-    args = serve_script.build_parser().parse_args(["--model", str(tmp_path)])
-    pipe, spec = serve_script.build(args, None, torch.device("cpu"), torch.float32)
-    planner = serve_script.make_planner(pipe, spec, args, None)
+    args = server.build_parser().parse_args(["--model", str(tmp_path)])
+    pipe, spec = server.build(args, None, torch.device("cpu"), torch.float32)
+    planner = server.make_planner(pipe, spec, args, None)
     assert spec.name == "flux" and planner.size == "full"
     assert (planner.default_width, planner.default_height, planner.default_steps) == (1024, 1024, 28)
     assert planner.limits.granularity == 16

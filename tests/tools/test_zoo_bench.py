@@ -23,7 +23,7 @@ CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of th
 
 @pytest.fixture(scope="module")
 def bench():
-    return importlib.import_module("bcg_diffusion.benchmarks.zoo_bench")
+    return importlib.import_module("bcg_diffusion.benchmarks.zoo.zoo_bench")
 
 
 # -- the cases -------------------------------------------------------------------------------------------

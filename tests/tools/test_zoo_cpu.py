@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from bcg_diffusion import KNOWN_TRANSFORMERS
+from bcg_pipelines.families import FAMILIES
 from bcg_diffusion.core.tree import walk
 from bcg_pipelines import zoo
 
@@ -52,7 +52,7 @@ def test_each_class_has_one_pipeline_faithful_case_and_unique_names():
 
 def test_known_families_are_zoo_cases_with_their_family():
     families = {case.class_name: case.family for case in CASES if case.family}
-    assert families == {name: info.family for name, info in KNOWN_TRANSFORMERS.items()}
+    assert families == {class_name: name for name, class_name in FAMILIES.items()}
 
 
 # -- every case ----------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_unknown_class_names_the_case():
 # -- scripts/zoo_probe.py ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def probe():
-    return importlib.import_module("bcg_diffusion.benchmarks.zoo_probe")
+    return importlib.import_module("bcg_diffusion.benchmarks.zoo.zoo_probe")
 
 
 CPU_ONLY = pytest.mark.usefixtures("hide_cuda")  # checks the no-CUDA path of the script (CUDA hidden where present)

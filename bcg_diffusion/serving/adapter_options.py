@@ -1,0 +1,82 @@
+"""The server's LoRA options (``--lora NAME=PATH``, ``--lora-rank``, ``--lora-gpu-slots``) and their start-up:
+check them, load the adapters (:class:`.adapters.AdapterBank`), warm the adapter state, hand the bank to the
+generator and the planner. Any adapter that cannot be served stops the server before it listens, with a
+message naming the adapter (exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any, Callable
+
+from bcg_diffusion.toolkit.options import Failure
+
+from .adapters import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["add_lora_options", "attach_adapters", "lora_specs", "warm_adapters"]
+
+
+def add_lora_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("adapters (LoRA)")
+    g.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a LoRA adapter (diffusers/peft safetensors, as load_lora_weights reads them) to requests "
+                   "whose model field is NAME; repeatable. GET /v1/models lists the base model and every adapter")
+    g.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                   help="hot-swap rank: every adapter is padded to it, so switching adapters never recaptures a graph "
+                   "(default: the largest rank among the adapters; an adapter above it stops the server)")
+    g.add_argument("--lora-gpu-slots", type=int, default=None, metavar="K",
+                   help="adapters kept on the GPU; the others wait on the CPU and are copied in when a request asks "
+                   "for them, least recently used out first (default: all)")
+
+
+def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
+    """The adapters of ``--lora``; ``parser.error`` (exit 2) for a malformed one or for ``--lora-rank`` /
+    ``--lora-gpu-slots`` out of range or without ``--lora``."""
+    specs = []
+    for text in args.lora:
+        try:
+            specs.append(parse_lora_option(text))
+        except ValueError as exc:
+            parser.error(str(exc))
+    for name in ("lora_rank", "lora_gpu_slots"):
+        value = getattr(args, name)
+        flag = f"--{name.replace('_', '-')}"
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1 (got {value})")
+        if value is not None and not specs:
+            parser.error(f"{flag} applies to adapters: give them with --lora NAME=PATH")
+    return specs
+
+
+def attach_adapters(pipe, specs: list[AdapterSpec], args, base_model: str, prog: str) -> AdapterBank | None:
+    """Load the adapters into ``pipe``'s transformer (before BCG or compile touch it); ``None`` without any.
+    :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot be served."""
+    if not specs:
+        return None
+    try:
+        bank = AdapterBank(pipe, specs, base_model=base_model, target_rank=args.lora_rank,
+                           gpu_slots=args.lora_gpu_slots)
+        bank.load()
+    except AdapterError as exc:
+        raise Failure(2, f"{prog}: error: {exc}") from exc
+    return bank
+
+
+def warm_adapters(bank: AdapterBank | None, worker, generator, warm: Callable[[], Any]) -> None:
+    """With adapters, run the warm-up ``warm`` (which the server ran for the base model, the slot disabled)
+    once more with an adapter in the slot, so both graph keys of every warmed size are captured; then serve
+    the base model, hand the bank to the generator, and count from zero."""
+    if bank is None:
+        return
+    if bank.names:
+        worker.submit(lambda: bank.select(bank.names[0])).result()
+        try:
+            warm()
+        finally:
+            worker.submit(lambda: bank.select(None)).result()
+    generator.adapters = bank
+    generator.refresh_stats()
+    bank.mark_ready(generator.bcg_stats)
+    generator.refresh_stats()

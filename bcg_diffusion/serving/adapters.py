@@ -1,0 +1,337 @@
+"""LoRA adapters chosen per request: one hot-swap slot in the transformer, an LRU cache of adapters on the device.
+
+How it works (docs/serving.md, "Adapters (LoRA)"):
+
+- At start every adapter is checked (file, keys, target modules, shapes, rank) and loaded once through
+  diffusers into **one** peft adapter of the transformer, the *slot* (:data:`SLOT`), prepared for hot-swap
+  at the target rank (``enable_lora_hotswap(target_rank=R)``: every LoRA matrix padded to rank ``R`` with
+  zeros, every scaling a 0-dim tensor). After each load the slot's LoRA tensors and scalings are copied out:
+  that copy, kept on the CPU, is the adapter from then on.
+- Serving adapter ``a`` at scale ``s`` copies ``a``'s tensors into the slot's (``param.data.copy_``: the same
+  tensors, so the same addresses, and no version bump) and writes each scaling tensor in place with
+  ``s x`` the adapter's own ``alpha / rank``: a captured graph reads the new values on its next replay, so a
+  switch costs no capture. ``gpu_slots`` adapters stay on the device (least recently used leaves first);
+  the others are copied from the CPU when asked for (a *swap*).
+- The base model is the slot **disabled** (``transformer.disable_adapters()``): every LoRA layer then calls its
+  base layer alone, the same kernels on the same inputs as a transformer without adapters, so base images are
+  bitwise those of a server with no adapters. Disabled and enabled are two graph keys (the adapter state is in
+  BCG's weight fingerprint), both captured at warm-up.
+
+Everything that touches the pipeline runs on the worker thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ADAPTER_NAME_PATTERN", "SLOT", "AdapterBank", "AdapterError", "AdapterSpec", "parse_lora_option"]
+
+#: The name of the one peft adapter that holds the adapter being served.
+SLOT = "bcg_serving_slot"
+#: An adapter's name (what a request's ``model`` field says): letters, digits and ``._-:/``, at most 128.
+ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+_LORA_DOWN = (".lora_A.", ".lora_down.")
+_LORA_UP = (".lora_B.", ".lora_up.")
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be served; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """``--lora NAME=PATH``: the name requests use and the LoRA file (or a folder holding
+    ``pytorch_lora_weights.safetensors``)."""
+
+    name: str
+    path: str
+
+
+def parse_lora_option(text: str) -> AdapterSpec:
+    """``"NAME=PATH"`` -> :class:`AdapterSpec`; ``ValueError`` saying what is expected."""
+    name, sep, path = text.partition("=")
+    if not sep or not path:
+        raise ValueError(f"--lora {text!r}: expected NAME=PATH (a name for requests' model field, then the LoRA "
+                         "safetensors file or its folder), e.g. --lora anime=/loras/anime.safetensors")
+    if not ADAPTER_NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"--lora {text!r}: the name {name!r} must start with a letter or digit and hold only "
+                         "letters, digits and ._:/- (at most 128 characters)")
+    return AdapterSpec(name, path)
+
+
+@dataclass
+class _Adapter:
+    """One adapter as served: its rank, its slot image on the CPU (tensors by parameter name) and the
+    scaling (``alpha / rank``) of every LoRA layer, as loading it into the slot left them."""
+
+    spec: AdapterSpec
+    rank: int
+    modules: frozenset
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalings: dict[str, float] = field(default_factory=dict)
+    requests: int = 0
+    swaps: int = 0
+
+
+@contextlib.contextmanager
+def _quiet_diffusers():
+    """diffusers warns, for every load, that the text encoders got no LoRA keys (true and expected here)."""
+    from diffusers.utils import logging as dlogging
+
+    level = dlogging.get_verbosity()
+    dlogging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        dlogging.set_verbosity(level)
+
+
+class AdapterBank:
+    """The adapters of one pipeline's transformer (see the module docstring).
+
+    ``target_rank``: the hot-swap rank (default: the largest rank among the adapters); ``gpu_slots``: adapters
+    kept on the device (default: all). :meth:`load` checks and loads them (:class:`AdapterError` naming the
+    adapter); :meth:`select` sets what the next pipeline call serves; :meth:`resolve` maps a request's
+    ``model`` to an adapter name.
+    """
+
+    def __init__(self, pipe, specs: Iterable[AdapterSpec], *, base_model: str, target_rank: int | None = None,
+                 gpu_slots: int | None = None):
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.specs = list(specs)
+        self.base_model = base_model
+        names = [s.name for s in self.specs]
+        for name in names:
+            if names.count(name) > 1:
+                raise AdapterError(f"--lora {name}: the name is given twice; each adapter needs a name of its own")
+            if name == base_model:
+                raise AdapterError(f"--lora {name}: the name is the base model's ({base_model}); requests could not "
+                                   "tell them apart: choose another name")
+        if target_rank is not None and target_rank < 1:
+            raise AdapterError(f"--lora-rank must be >= 1 (got {target_rank})")
+        if gpu_slots is not None and gpu_slots < 1:
+            raise AdapterError(f"--lora-gpu-slots must be >= 1 (got {gpu_slots})")
+        self.requested_rank = target_rank
+        self.target_rank = target_rank
+        self.gpu_slots = gpu_slots if gpu_slots is not None else max(1, len(self.specs))
+        self.device = next(self.transformer.parameters()).device
+        self._adapters: dict[str, _Adapter] = {}
+        self._slot_params: dict[str, torch.nn.Parameter] = {}
+        self._slot_layers: dict[str, Any] = {}
+        self._on_device: collections.OrderedDict[str, dict[str, torch.Tensor]] = collections.OrderedDict()
+        self._live: str | None = None  # whose tensors the slot holds
+        self._live_scale: float | None = None
+        self._enabled = True
+        self.base_requests = 0
+        self.switches = 0
+        self._captures_at_ready: int | None = None
+
+    # -- start-up ---------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def load(self) -> None:
+        """Check every adapter, then load each into the slot once and keep its image; :class:`AdapterError`
+        naming the first adapter that cannot be served. Leaves the slot disabled (the base model)."""
+        if not self.specs:
+            return
+        if not hasattr(self.transformer, "load_lora_adapter") or not hasattr(self.pipe, "load_lora_weights"):
+            raise AdapterError(f"--lora: {type(self.pipe).__name__} (transformer {type(self.transformer).__name__}) "
+                               "takes no LoRA adapters in diffusers (no load_lora_weights); serve a model whose "
+                               "pipeline does, e.g. flux, sd3, sana, qwenimage")
+        checked = [self._check(spec) for spec in self.specs]
+        largest = max(a.rank for a in checked)
+        if self.target_rank is None:
+            self.target_rank = largest
+        for adapter in checked:
+            if adapter.rank > self.target_rank:
+                raise AdapterError(f"--lora {adapter.spec.name}: rank {adapter.rank} is above the hot-swap rank "
+                                   f"--lora-rank {self.target_rank}; raise --lora-rank to at least {adapter.rank} "
+                                   "(or leave it out: the default is the largest rank)")
+        first = max(checked, key=lambda a: len(a.modules))  # its LoRA layers are the slot's
+        for adapter in checked:
+            outside = sorted(adapter.modules - first.modules)
+            if outside:
+                raise AdapterError(
+                    f"--lora {adapter.spec.name}: targets {len(outside)} module(s) that {first.spec.name} (the adapter "
+                    f"with the most target modules, whose layers make the hot-swap slot) does not, e.g. {outside[0]}; "
+                    "every adapter's target modules must be among one adapter's")
+        order = [first] + [a for a in checked if a is not first]
+        self.transformer.enable_lora_hotswap(target_rank=self.target_rank)
+        for i, adapter in enumerate(order):
+            try:
+                with _quiet_diffusers(), torch.no_grad():
+                    self.pipe.load_lora_weights(adapter.spec.path, adapter_name=SLOT, hotswap=i > 0)
+            except Exception as exc:  # noqa: BLE001 - reported with the adapter's name
+                raise AdapterError(f"--lora {adapter.spec.name}: diffusers could not load {adapter.spec.path}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            if i == 0:
+                self._find_slot()
+            self._keep_image(adapter)
+            self._adapters[adapter.spec.name] = adapter
+        self._adapters = {s.name: self._adapters[s.name] for s in self.specs}  # the command line's order
+        self._live = order[-1].spec.name
+        self._live_scale = 1.0
+        self.transformer.disable_adapters()
+        self._enabled = False
+        logger.info("adapters: %s (hot-swap rank %d, %d on the device)", ", ".join(self.names), self.target_rank,
+                    self.gpu_slots)
+
+    def _check(self, spec: AdapterSpec) -> _Adapter:
+        """Read one adapter's state dict; :class:`AdapterError` for a missing file, keys outside the transformer,
+        modules the transformer lacks, or shapes that do not fit them."""
+        path = Path(spec.path)
+        if not (path.is_file() or (path.is_dir() and any(path.glob("*.safetensors")))):
+            what = "is a folder without a .safetensors file" if path.is_dir() else "does not exist"
+            raise AdapterError(f"--lora {spec.name}: {spec.path} {what}; give a LoRA .safetensors file (or its folder)")
+        try:
+            with _quiet_diffusers():
+                loaded = self.pipe.lora_state_dict(spec.path)
+        except Exception as exc:  # noqa: BLE001
+            raise AdapterError(f"--lora {spec.name}: {spec.path} is not a LoRA diffusers can read: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        state = loaded[0] if isinstance(loaded, tuple) else loaded
+        prefix = f"{getattr(self.pipe, 'transformer_name', 'transformer')}."
+        outside = sorted(k for k in state if not k.startswith(prefix))
+        if outside:
+            raise AdapterError(f"--lora {spec.name}: {len(outside)} key(s) are not the transformer's (e.g. "
+                               f"{outside[0]}); the server swaps transformer LoRAs only (no text-encoder LoRA)")
+        rank, modules = 0, set()
+        for key, tensor in state.items():
+            down = any(m in key for m in _LORA_DOWN)
+            if not down and not any(m in key for m in _LORA_UP):
+                continue  # alphas, DoRA magnitudes: diffusers and peft judge them
+            module_name = re.split(r"\.lora_(?:A|B|up|down)\.", key[len(prefix):])[0]
+            try:
+                module = self.transformer.get_submodule(module_name)
+            except AttributeError:
+                raise AdapterError(f"--lora {spec.name}: targets {module_name!r}, which "
+                                   f"{type(self.transformer).__name__} does not have; is it an adapter for another "
+                                   "model?") from None
+            base = getattr(module, "base_layer", module)
+            want = getattr(base, "in_features", None) if down else getattr(base, "out_features", None)
+            got = tensor.shape[1] if down else tensor.shape[0]
+            if want is None:
+                raise AdapterError(f"--lora {spec.name}: targets {module_name!r}, a {type(base).__name__}; the server "
+                                   "swaps LoRA on linear layers only")
+            if tensor.dim() != 2 or got != want:
+                side = "input" if down else "output"
+                raise AdapterError(f"--lora {spec.name}: {key} has shape {tuple(tensor.shape)}, but {module_name!r} "
+                                   f"has {want} {side} features; is it an adapter for another model or size?")
+            if down:
+                rank = max(rank, tensor.shape[0])
+            modules.add(module_name)
+        if not modules:
+            raise AdapterError(f"--lora {spec.name}: {spec.path} holds no LoRA matrices (lora_A/lora_B) for the "
+                               "transformer")
+        return _Adapter(spec, rank, frozenset(modules))
+
+    def _find_slot(self) -> None:
+        for name, param in self.transformer.named_parameters():
+            if f".{SLOT}." in name and ".lora_" in name:
+                self._slot_params[name] = param
+        for name, module in self.transformer.named_modules():
+            scaling = getattr(module, "scaling", None)
+            if isinstance(scaling, dict) and SLOT in scaling:
+                if not isinstance(scaling[SLOT], torch.Tensor):
+                    raise AdapterError("--lora: the hot-swap preparation left a LoRA scaling as a number; this "
+                                       "peft version is not supported (peft >= 0.17 makes them tensors)")
+                self._slot_layers[name] = module
+
+    def _keep_image(self, adapter: _Adapter) -> None:
+        pin = self.device.type == "cuda"
+        for name, param in self._slot_params.items():
+            kept = param.detach().to("cpu", copy=True)
+            adapter.weights[name] = kept.pin_memory() if pin else kept
+        adapter.scalings = {name: float(m.scaling[SLOT]) for name, m in self._slot_layers.items()}
+
+    # -- requests ----------------------------------------------------------------------------------
+    def resolve(self, model: str | None) -> str | None:
+        """The adapter a request's ``model`` names (``None``: the base model, for no ``model`` or the base
+        model's id); ``KeyError`` for a name that is neither."""
+        if model is None or model == self.base_model:
+            return None
+        if model in self._adapters:
+            return model
+        raise KeyError(model)
+
+    def select(self, name: str | None, scale: float | None = None, requests: int = 1) -> None:
+        """Make the next pipeline calls serve adapter ``name`` at ``scale`` (default 1.0; ``name=None``: the base
+        model), for ``requests`` requests (counted). Call it on the worker thread, between pipeline calls."""
+        scale = 1.0 if scale is None else float(scale)
+        if name is None:
+            self.base_requests += requests
+            if self._enabled:
+                self.transformer.disable_adapters()
+                self._enabled = False
+            return
+        adapter = self._adapters[name]
+        adapter.requests += requests
+        with torch.no_grad():
+            if self._live != name:
+                source = self._device_image(adapter)
+                for pname, param in self._slot_params.items():
+                    param.data.copy_(source[pname], non_blocking=True)  # .data: no version bump, no recapture
+                self._live, self._live_scale = name, None
+                self.switches += 1
+            if self._live_scale != scale:
+                for lname, layer in self._slot_layers.items():
+                    layer.scaling[SLOT].fill_(scale * adapter.scalings[lname])
+                self._live_scale = scale
+        if not self._enabled:
+            self.transformer.enable_adapters()
+            self._enabled = True
+
+    def _device_image(self, adapter: _Adapter) -> dict[str, torch.Tensor]:
+        name = adapter.spec.name
+        image = self._on_device.get(name)
+        if image is not None:
+            self._on_device.move_to_end(name)
+            return image
+        image = {k: v.to(self.device, non_blocking=True) if self.device.type == "cuda" else v.clone()
+                 for k, v in adapter.weights.items()}
+        adapter.swaps += 1
+        self._on_device[name] = image
+        while len(self._on_device) > self.gpu_slots:
+            self._on_device.popitem(last=False)
+        return image
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def mark_ready(self, bcg_stats: dict[str, Any] | None) -> None:
+        """The warm-up is over: counts start from zero, and captures from here on are counted as after it."""
+        self.base_requests = self.switches = 0
+        for adapter in self._adapters.values():
+            adapter.requests = adapter.swaps = 0
+        self._captures_at_ready = _captures(bcg_stats)
+
+    def stats(self, bcg_stats: dict[str, Any] | None = None) -> dict[str, Any]:
+        """For ``/stats``: per adapter its requests and swaps (copies from the CPU to the device), switches of the
+        slot, base-model requests, and BCG's graph captures at the end of the warm-up and since (``None``
+        without BCG): after a warm-up of every size served, ``captures_after_warmup`` stays 0 however requests
+        switch adapters."""
+        captures = _captures(bcg_stats)
+        ready = self._captures_at_ready
+        return {"base_model": self.base_model, "target_rank": self.target_rank, "gpu_slots": self.gpu_slots,
+                "base_requests": self.base_requests, "switches": self.switches,
+                "swaps": sum(a.swaps for a in self._adapters.values()), "on_device": list(self._on_device),
+                "captures_at_warmup": ready,
+                "captures_after_warmup": None if captures is None or ready is None else captures - ready,
+                "adapters": {n: {"path": os.fspath(a.spec.path), "rank": a.rank, "requests": a.requests,
+                                 "swaps": a.swaps} for n, a in self._adapters.items()}}
+
+
+def _captures(bcg_stats: dict[str, Any] | None) -> int | None:
+    return None if bcg_stats is None else int(bcg_stats.get("captures", 0))

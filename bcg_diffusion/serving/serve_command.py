@@ -1,0 +1,58 @@
+"""The ``bcg-serve`` command: one process (:mod:`.server`), or with ``--replicas`` the same application as
+replicas on a local Ray Serve instance (:mod:`.ray_run`, the only path that imports Ray).
+
+Kept apart from :mod:`.server` so that the server's modules never import the replica modules, which build
+their replicas from the server's own steps (no import circle).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from bcg_diffusion.toolkit.options import Failure
+
+from . import server
+from .replica_options import ReplicaOptionsError, replica_options_from_args
+
+__all__ = ["build_parser", "main", "start_replicas"]
+
+
+def build_parser():
+    """The command's argument parser (the server's: ``--replicas`` and its options are among them)."""
+    return server.build_parser()
+
+
+def start_replicas(args, parser, replicas) -> int:
+    """``--replicas N``: the same application as replicas on a local Ray Serve instance (:mod:`.ray_run`)."""
+    from .ray_run import missing_ray, run_replicas
+
+    if missing_ray():
+        parser.error(missing_ray())
+    return run_replicas(args, parser, replicas, server.announce)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, check, serve; the exit status (2 for a bad argument, with one line saying what to change)."""
+    server.quiet_known_messages()
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if server.MISSING_SERVE_EXTRA:
+            parser.error(server.MISSING_SERVE_EXTRA)
+        server.configure_logging(args.log_level)
+        try:
+            replicas = replica_options_from_args(args)
+        except ReplicaOptionsError as exc:
+            parser.error(str(exc))
+        if replicas is not None:  # Ray Serve replicas: Ray is imported there only
+            return start_replicas(args, parser, replicas)
+        return server.start(args, parser)
+    except SystemExit as exc:  # --help (0) or a bad argument (2)
+        return int(exc.code or 0)
+    except Failure as failure:
+        print(failure, file=sys.stderr)
+        return failure.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The kit every command stands on (``bcg-generate``, ``bcg-serve``, the benchmarks, the checks): what they share,
+one job per module, importing no command.
+
+- :mod:`.choices`: option choices and limits, importing nothing heavy (the parsers read them before torch).
+- :mod:`.options`: the model options (``--model``, ``--size``, ``--device``, ...), their checks and :class:`~.options.Failure`.
+- :mod:`.sizes`: ``WxH`` sizes read once into :class:`~.sizes.Size`, and the largest side a family runs at.
+- :mod:`.speedups`: regional ``torch.compile``, the attention backend and diffusers context parallelism.
+- :mod:`.cache_spec`: a ``--cache`` value read once into a :class:`~.cache_spec.CacheSpec`;
+  :mod:`.cache_recipes`: the registry of step-cache recipes; :mod:`.cache_option`: a cache on a built pipeline.
+- :mod:`.quant_option`: ``--quant NAME`` (torchao).
+- :mod:`.timed_run`: one timed ``pipe(...)`` call (per-step times, the size the transformer ran).
+- :mod:`.media`: writing images and videos, checking ``--out``.
+
+The kit uses the library through its public names only, and no command's modules
+(``tests/tools/test_layers.py`` checks both).
+"""
