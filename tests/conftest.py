@@ -9,6 +9,7 @@
   ``user_properties``, and ``--sabotage-results PATH`` writes every outcome with it for
   ``tests/sabotage_report.py``.
 - Attention patches are released after every test, in one place (:func:`release_attention_patches`).
+- ``--cpu-times PATH`` records what each test costs (``tests/_cpu_times.py``).
 - Fixtures: ``pretend_cuda`` (the library believes CUDA is there), ``hide_cuda`` (it sees none), ``fake_torchao``,
   ``no_build`` (building or loading a pipeline fails the test).
 """
@@ -21,11 +22,26 @@ from pathlib import Path
 # block can differ in their last bits; the compile tests compare compiled runs bitwise. Set before
 # torch is imported (Inductor reads it once); subprocesses (servers, torchrun workers) inherit it.
 os.environ.setdefault("TORCHINDUCTOR_DETERMINISTIC", "1")
+# One CPU thread per process: the tests run tiny models, where a second thread buys nothing, and OpenMP's
+# waiting threads spin: with two pytest workers (or a server the test started) on two cores, two threads per
+# process made the CPU tests take four times the CPU time (docs/testing.md). Set before torch is imported (the
+# OpenMP runtime reads it once); the processes the tests start inherit it. An explicit value wins.
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ["OMP_NUM_THREADS"].isdigit():  # also where torch was imported before this file
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if not torch.cuda.is_available():
+    # Without CUDA, Inductor compiles C++ only: a pool of compile workers (fresh processes that import
+    # torch) costs more than it saves on the tests' tiny graphs. Set before Inductor's config is imported
+    # (bcg_diffusion imports it, below); the processes the tests start inherit it.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 import _sabotage  # noqa: E402
+from _cpu_times import CpuTimes  # noqa: E402
 from bcg_diffusion.core.handles import live_handles  # noqa: E402
 
 SABOTAGE_PROPERTY = "survives_sabotage"
@@ -38,10 +54,17 @@ def pytest_addoption(parser):
         help="append one JSON line per test phase (node id, phase, outcome, survives_sabotage) to PATH; "
              "written by the main process, also under xdist (tests/sabotage_report.py reads it)",
     )
+    parser.addoption(
+        "--cpu-times", default=None, metavar="PATH",
+        help="append one JSON line per test (wall time, CPU time here and in the processes it started) to PATH; "
+             "python tests/_cpu_times.py PATH sums them per file (docs/testing.md)",
+    )
 
 
 def pytest_configure(config):
     global _results_path
+    if config.getoption("--cpu-times"):
+        config.pluginmanager.register(CpuTimes(config.getoption("--cpu-times")), "bcg_cpu_times")
     if config.getoption("--sabotage-results") and not hasattr(config, "workerinput"):  # not in an xdist worker
         _results_path = config.getoption("--sabotage-results")
     try:

@@ -25,6 +25,10 @@ Every rank builds the same models (same seed). A case is ``family:mode[:variant]
 ``--size full`` (transformer cases only) builds full-size transformers once per rank: the reference
 outputs are computed eagerly first, then the same model is accelerated (no LoRA).
 
+``--torch-cases`` runs cases first, over torch's own functional collectives and without
+``--pretend-cuda`` (the harness and the pretence are installed after them): one launch checks both
+paths (``tests/integrations/test_parallel_cpu.py``); they are reported as ``torch/<case>``.
+
 Each rank writes ``rank<N>.json`` into ``--report-dir``: per case, the calls whose outputs were not
 bitwise equal, BCG's stats and lockstep counters, and a digest of the reference outputs. Importing
 this module has no side effects (CPU tests import it).
@@ -553,6 +557,26 @@ def _check_environment(kind: str) -> None:
         )
 
 
+def _run_cases(cases: list, run: Run, report: dict, out_dir: Path) -> None:
+    """Run ``(name, case)`` pairs in order into ``report["cases"][name]``, writing the report after each
+    (a timeout leaves the rest); the fault case ends the process."""
+    import torch.distributed as dist
+
+    for case_text, case in cases:
+        started = time.monotonic()
+        try:
+            report["cases"][case_text] = RUNNERS[case.variant](case, run)
+        except Exception:  # noqa: BLE001 - recorded; the other rank fails the same way or times out
+            report["cases"][case_text] = {"error": traceback.format_exc()}
+        report["cases"][case_text].setdefault("seconds", time.monotonic() - started)
+        print(f"cp_worker rank {run.rank}: {case_text} done in {time.monotonic() - started:.1f} s", flush=True)
+        (out_dir / f"rank{run.rank}.json").write_text(json.dumps(report, indent=1))
+        if case.variant == "fault":
+            sys.stdout.flush()
+            os._exit(0)  # a collective of the fault may still be pending: no barrier, no teardown
+        dist.barrier()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report-dir", required=True, help="folder for rank<N>.json")
@@ -568,15 +592,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--size", choices=("tiny", "full"), default="tiny")
     parser.add_argument("--no-lora", action="store_true", help="skip the LoRA load")
+    parser.add_argument("--torch-cases", default="",
+                        help="comma-separated cases run first, over torch's own collectives and without --pretend-cuda "
+                             "(reported as torch/<case>); no fault case")
     parser.add_argument("--fault-call", type=int, default=4)
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--rank-timeout-s", type=float, default=None, help="BCGConfig.rank_timeout_s (default: its own)")
     parser.add_argument("--collective-timeout-s", type=float, default=60.0,
                         help="a collective that waits longer fails (process group and harness timeouts) instead of hanging")
     args = parser.parse_args(argv)
-    cases = [Case.parse(c) for c in args.cases.split(",") if c]
-    if any(c.variant == "fault" for c in cases[:-1]):
-        raise SystemExit("cp_worker: the fault case ends the job; put it last (or alone)")
+    cases = [(c, Case.parse(c)) for c in args.cases.split(",") if c]
+    torch_cases = [(f"torch/{c}", Case.parse(c)) for c in args.torch_cases.split(",") if c]
+    if any(case.variant == "fault" for _, case in cases[:-1] + torch_cases):
+        raise SystemExit("cp_worker: the fault case ends the job; put it last in --cases (or alone)")
     kind = "cpu" if args.device == "cpu" else ("one-gpu" if args.one_gpu else "nccl")
     _check_environment(kind)
 
@@ -593,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         replace = cp_harness.REPLACED if mode == "harness" else ()
         collectives = cp_harness.Collectives(
             cp_harness.HarnessConfig(collective_timeout_s=args.collective_timeout_s, replace=replace), rank)
-        collectives.install()
+        if not torch_cases:
+            collectives.install()
     import bcg_diffusion as bcg
 
     config = bcg.BCGConfig() if args.rank_timeout_s is None else bcg.BCGConfig(rank_timeout_s=args.rank_timeout_s)
@@ -611,26 +640,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import bcg_pipelines  # noqa: F401 - imported before --pretend-cuda: libraries probe CUDA at import
 
-    if args.pretend_cuda:
-        torch.cuda.is_available = lambda: True  # the runner is installed; CPU inputs run eagerly through it
-        os.environ.pop("BCG_DIFFUSION", None)
     report: dict = {"rank": rank, "world_size": world, "torch": torch.__version__, "diffusers": diffusers.__version__,
                     "device": str(device), "kind": kind, "collectives": mode, "lora_skipped": lora_note, "cases": {}}
     out_dir = Path(args.report_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for case_text, case in zip([c for c in args.cases.split(",") if c], cases):
-        started = time.monotonic()
-        try:
-            report["cases"][case_text] = RUNNERS[case.variant](case, run)
-        except Exception:  # noqa: BLE001 - recorded; the other rank fails the same way or times out
-            report["cases"][case_text] = {"error": traceback.format_exc()}
-        report["cases"][case_text].setdefault("seconds", time.monotonic() - started)
-        print(f"cp_worker rank {rank}: {case_text} done in {time.monotonic() - started:.1f} s", flush=True)
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(report, indent=1))  # after every case: a timeout leaves the rest
-        if case.variant == "fault":
-            sys.stdout.flush()
-            os._exit(0)  # a collective of the fault may still be pending: no barrier, no teardown
-        dist.barrier()
+    if torch_cases:
+        _run_cases(torch_cases, dataclasses.replace(run, collectives=None), report, out_dir)
+        if collectives is not None:
+            collectives.install()
+    if args.pretend_cuda:
+        torch.cuda.is_available = lambda: True  # the runner is installed; CPU inputs run eagerly through it
+        os.environ.pop("BCG_DIFFUSION", None)
+    _run_cases(cases, run, report, out_dir)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
     dist.barrier()
     dist.destroy_process_group()

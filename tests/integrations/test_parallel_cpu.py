@@ -4,9 +4,10 @@ stand-in collectives (tests/cp_harness.py).
 
 Three kinds: units with fakes (no waiting: fake clocks and works); ranks as threads of this process
 agreeing over an in-process ``HashStore`` (every rank always arrives, so nothing waits for a
-timeout); and one torchrun launch of two real processes over gloo (``cp_worker.py --pretend-cuda``:
-the runner is installed and its lockstep runs, CPU inputs run eagerly through it). No assertion
-on elapsed time.
+timeout); and one torchrun launch of two real processes over gloo: first the worker's own eager path over
+torch's functional collectives (``--torch-cases``), then ``--pretend-cuda`` (the runner is installed
+and its lockstep runs, CPU inputs run eagerly through it) over the harness's collectives. No
+assertion on elapsed time.
 """
 
 from __future__ import annotations
@@ -498,10 +499,25 @@ def gloo_reports(tmp_path_factory):
     path = tmp_path_factory.mktemp("parallel_cpu")
     cases = "flux:ulysses,wan:ulysses,flux:ulysses:refusals,flux:ulysses:disagree," + cp_worker.FAULT_CASE
     command = cp_worker.launch_command(path, "--device", "cpu", "--pretend-cuda", "--dtype", "fp32", "--calls", "8",
-                                       "--collectives", "harness", "--collective-timeout-s", "900", "--cases", cases)
+                                       "--collectives", "harness", "--collective-timeout-s", "900", "--cases", cases,
+                                       "--torch-cases", "flux:ulysses,wan:ulysses")
     # the collectives' own timeout is far beyond the launch's: a fault that is not reported ends the launch
     launch = cp_harness.launch(command, 300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     return cp_checks.load_reports(path, launch)
+
+
+def test_worker_runs_eager_context_parallel_on_cpu_over_gloo(gloo_reports):
+    """The worker's own path on the CPU (``--torch-cases``, before the harness and the pretence):
+    two gloo ranks, Ulysses (ring needs a GPU backend), torch's functional collectives; BCG is a no-op
+    here, so both models run eager CP and must agree bitwise, on both ranks."""
+    assert not gloo_reports[0]["lora_skipped"], gloo_reports[0]["lora_skipped"]  # peft is a test dependency
+    for case in ("torch/flux:ulysses", "torch/wan:ulysses"):
+        first, second = cp_checks.case(gloo_reports, 0, case), cp_checks.case(gloo_reports, 1, case)
+        for record in (first, second):
+            assert record["calls"] == 8 and record["mismatch_count"] == 0, record
+            assert record["gather_output_type"], record  # the gather hook ran on proj_out
+            assert record["lora_changed_output"] is True
+        assert first["digest"] == second["digest"]
 
 
 @pytest.mark.parametrize("case", ["flux:ulysses", "wan:ulysses"])
