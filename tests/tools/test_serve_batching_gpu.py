@@ -62,6 +62,11 @@ def together(url: str) -> list[httpx.Response]:
         return list(pool.map(lambda body: post(url, body), BODIES))
 
 
+@pytest.mark.survives_sabotage(
+    "skip_segment", "stale_inputs",
+    reason="checks the warm-up's counters (one capture at the batch shape, nothing eager), which a replay that "
+           "skips a segment or keeps stale inputs leaves alike; the images' exactness is "
+           "test_batched_images_replay_and_equal_alone_and_eager_bitwise's claim")
 def test_the_warmup_captured_the_batch_shape(servers):
     _, _, bcg = servers
     s = stats(bcg)
