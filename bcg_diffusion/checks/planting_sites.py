@@ -133,7 +133,10 @@ class Plant:
 
 
 class PlantedProcessor:
-    """An attention processor of another class around the original one (a user's processor)."""
+    """An attention processor of another class around the original one (a user's processor).
+
+    Use :func:`planted_processor`: diffusers' ``Attention.forward`` passes a processor only the keyword
+    arguments its ``__call__`` names, so the wrapper's ``__call__`` must name those of the processor it wraps."""
 
     def __init__(self, inner: Any, plant: Plant) -> None:
         self.inner, self.plant = inner, plant
@@ -145,6 +148,19 @@ class PlantedProcessor:
         if name in ("inner", "plant"):
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def planted_processor(inner: Any, plant: Plant) -> PlantedProcessor:
+    """A :class:`PlantedProcessor` around ``inner`` whose ``__call__`` has ``inner``'s signature."""
+
+    def __call__(self: PlantedProcessor, attn: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return self.plant.apply(self.inner(attn, *args, **kwargs))
+
+    try:
+        __call__.__signature__ = inspect.signature(type(inner).__call__)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # no signature to copy: keep the generic one
+        return PlantedProcessor(inner, plant)
+    return type("PlantedProcessor", (PlantedProcessor,), {"__call__": __call__})(inner, plant)
 
 
 def _planted_hook_class() -> type:
@@ -303,6 +319,10 @@ def _class_attr(cls: type, name: str, plant: Plant) -> Callable[[], None]:
     def planted_method(self: Any, *args: Any, **kwargs: Any) -> Any:
         return plant.apply(original(self, *args, **kwargs))
 
+    try:  # callers that read the signature (diffusers' Attention of a processor's __call__) see the original's
+        planted_method.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
     setattr(cls, name, planted_method)
     return lambda: _restore_attr(cls, name, previous)
 
@@ -319,7 +339,7 @@ def _function(owner: Any, name: str, plant: Plant) -> Callable[[], None]:
 
 def _processor(module: torch.nn.Module, plant: Plant) -> Callable[[], None]:
     original = module.processor
-    _set_processor(module, PlantedProcessor(original, plant))
+    _set_processor(module, planted_processor(original, plant))
     return lambda: _set_processor(module, original)
 
 

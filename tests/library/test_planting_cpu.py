@@ -148,3 +148,32 @@ def test_a_child_that_dies_costs_only_the_plant_it_was_running(tmp_path, monkeyp
         lambda d: planting_processes.result_from_dict(planting.PlantResult, d), got.append)
     assert [(r.index, r.status) for r in got] == [(2, "ok"), (3, "crash"), (4, "ok")]
     assert "SIGSEGV" in got[1].error
+
+
+def test_a_planted_processor_keeps_the_keyword_arguments_its_processor_names():
+    """diffusers' Attention passes a processor only the keyword arguments its ``__call__`` names: the planted
+    wrapper (instance and class sites) must name those of the processor it wraps, or the twin raises (SanaVideo's
+    processor without its rotary_emb, three invalid plants of the 2026-12-02 GPU run)."""
+    import inspect
+
+    from bcg_diffusion.checks import planting_sites
+
+    seen = []
+
+    class Processor:
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, rotary_emb=None):
+            seen.append(rotary_emb)
+            return hidden_states
+
+    plant = Plant(KINDS["counter"], PlantState(), {})
+    wrapped = planting_sites.planted_processor(Processor(), plant)
+    assert "rotary_emb" in inspect.signature(wrapped.__call__).parameters
+    x = torch.ones(2)
+    wrapped(None, x, rotary_emb=x)
+    assert seen == [x] and plant.state.fired == 1
+    undo = planting_sites._class_attr(Processor, "__call__", plant)
+    try:
+        assert "rotary_emb" in inspect.signature(Processor().__call__).parameters
+    finally:
+        undo()
+    assert "planted" not in Processor.__call__.__name__
