@@ -29,7 +29,10 @@ from bcg_diffusion.serving.batching import (
 )
 from bcg_diffusion.serving.png import encode_png_b64, pixel_hash
 from bcg_diffusion.serving.requests import GenerationJob, ImageRequest, RequestLimits, RequestPlanner
-from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready
+from bcg_diffusion.serving.spawn import spawned_servers
+
+from _serve_http import pixels, post
+from _serve_http import stats as server_stats
 from bcg_diffusion.serving.startup_warmup import run_warmup
 from bcg_diffusion.serving.worker import ImageGenerator, InjectedFailure, PipelineWorker, ServerCounters
 
@@ -326,29 +329,15 @@ SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    spawned = start_server(SERVER_ARGS, tmp_path_factory.mktemp("serve_batching") / "server.log")
-    try:
-        wait_ready([spawned], START_TIMEOUT_S)
+    with spawned_servers([SERVER_ARGS], tmp_path_factory.mktemp("serve_batching"), START_TIMEOUT_S) as (spawned,):
         yield spawned
-    finally:
-        stop_server(spawned)
-
-
-def post(url: str, body: dict) -> httpx.Response:
-    with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
-        return client.post("/v1/images/generations", json=body)
-
-
-def pixels(response: httpx.Response) -> list[str]:
-    assert response.status_code == 200, response.text
-    return [pixel_hash(d["b64_json"]) for d in response.json()["data"]]
 
 
 def test_the_server_says_how_it_batches(server):
     log = server.log_path.read_text()
     assert "batching: up to 4 images per call, window 400 ms" in log, log
     assert "64x64: batched, 4 rows per call" in log, log
-    stats = httpx.get(f"{server.url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()
+    stats = server_stats(server.url)
     assert stats["batching"]["enabled"] is True and stats["batching"]["max_batch"] == ROWS
     assert stats["server"]["max_n"] == ROWS
 
@@ -359,7 +348,7 @@ def test_concurrent_requests_form_batches_and_each_image_equals_it_alone(server)
               {"prompt": "a red fox", "size": "64x64", "seed": 3},
               {"prompt": "a red fox", "size": "64x80", "seed": 1},  # another size: never in the 64x64 batch
               {"prompt": "a red fox", "size": "64x64", "seed": 1, "num_inference_steps": 3}]  # other steps
-    before = httpx.get(f"{server.url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()["batching"]
+    before = server_stats(server.url)["batching"]
     with ThreadPoolExecutor(len(bodies)) as pool:
         together = list(pool.map(lambda b: post(server.url, b), bodies))
     batched = [pixels(r) for r in together]
@@ -367,7 +356,7 @@ def test_concurrent_requests_form_batches_and_each_image_equals_it_alone(server)
     assert max(sizes[:3]) > 1, sizes  # the three 64x64 2-step requests shared calls
     assert sizes[3] == 1 and sizes[4] == 1, sizes  # nothing shares a call with another size or step count
     assert all(r.headers["x-batch-rows"] == str(ROWS) for r in together)
-    after = httpx.get(f"{server.url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()["batching"]
+    after = server_stats(server.url)["batching"]
     assert after["batched_requests"] - before["batched_requests"] == len(bodies)
     assert after["batches"] - before["batches"] < len(bodies)
     assert any(int(k) > 1 for k in after["requests_per_batch"]), after
@@ -399,10 +388,9 @@ def test_closed_loop_clients_fill_every_call_of_a_live_server(tmp_path):
     than the default 500 ms, so that a round trip on a loaded CI machine still fits it; the calls close because
     they are full or their clients are back, not by the window."""
     clients, per_client, window_s = 8, 4, 3.0
-    spawned = start_server("--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-pixels 16384 "
-                           f"--max-batch {clients} --batch-window-ms {window_s * 1000:g}", tmp_path / "server.log")
-    try:
-        wait_ready([spawned], START_TIMEOUT_S)
+    args = ("--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-pixels 16384 "
+            f"--max-batch {clients} --batch-window-ms {window_s * 1000:g}")
+    with spawned_servers([args], tmp_path, START_TIMEOUT_S) as (spawned,):
 
         def client(i: int) -> list[int]:
             sizes = []
@@ -416,19 +404,17 @@ def test_closed_loop_clients_fill_every_call_of_a_live_server(tmp_path):
 
         with ThreadPoolExecutor(clients) as pool:
             seen = list(pool.map(client, range(clients)))
-        stats = httpx.get(f"{spawned.url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()["batching"]
-    finally:
-        stop_server(spawned)
+        batching = server_stats(spawned.url)["batching"]
     assert f"window {window_s * 1000:g} ms" in spawned.log_path.read_text()
-    hist = stats["requests_per_batch"]
-    assert stats["batched_requests"] == clients * per_client, stats
+    hist = batching["requests_per_batch"]
+    assert batching["batched_requests"] == clients * per_client, batching
     partial = sum(v for k, v in hist.items() if k != str(clients))
-    assert partial <= 2 and hist.get(str(clients), 0) >= per_client - 1, stats  # full but for the first call or two
+    assert partial <= 2 and hist.get(str(clients), 0) >= per_client - 1, batching  # full but for the first call or two
     # a slow start may split the first requests (5, then 3 with 5 returns): each client's first and last aside,
     # every request went in a full call
     assert all(size == clients for sizes in seen for size in sizes[1:-1]), seen
-    assert stats["closed_by"]["window"] <= 2, stats  # the first call and the tail only
-    assert 0 < stats["return_s"]["max"] < window_s, stats  # a round trip fits the window
+    assert batching["closed_by"]["window"] <= 2, batching  # the first call and the tail only
+    assert 0 < batching["return_s"]["max"] < window_s, batching  # a round trip fits the window
 
 
 # -------------------------------------------------------------------------------------------------------

@@ -12,14 +12,13 @@ import httpx
 import pytest
 
 from _replay import assert_served
+from _serve_http import pixels, post, stats
 
 pytestmark = pytest.mark.gpu
 
-from bcg_diffusion.serving.png import pixel_hash  # noqa: E402
 from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
 
 START_TIMEOUT_S = 300
-REQUEST_TIMEOUT_S = 120
 STEPS = 3  # Flux (guidance-distilled) and PixArt (batched CFG) make one transformer call per step
 ROWS = 4
 BATCHING = f"--max-batch {ROWS} --batch-window-ms 500 --batch-work-limit 0"
@@ -41,20 +40,6 @@ def servers(request, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp(f"serve-batching-{request.param}")
     with spawned_servers([args, f"{args} --bcg"], log_dir, START_TIMEOUT_S) as (eager, bcg):
         yield request.param, eager.url, bcg.url
-
-
-def post(url: str, body: dict) -> httpx.Response:
-    with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
-        return client.post("/v1/images/generations", json=body)
-
-
-def pixels(response: httpx.Response) -> list[str]:
-    assert response.status_code == 200, response.text
-    return [pixel_hash(item["b64_json"]) for item in response.json()["data"]]
-
-
-def stats(url: str) -> dict:
-    return httpx.get(f"{url}/stats", timeout=REQUEST_TIMEOUT_S, trust_env=False).json()
 
 
 def together(url: str) -> list[httpx.Response]:

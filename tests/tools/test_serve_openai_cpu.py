@@ -18,7 +18,7 @@ import pytest
 
 from bcg_diffusion.serving.app import MODELS_PATH, OWNED_BY, ServerState, create_app
 from bcg_diffusion.serving.listen import BAD_HTTP_MESSAGE
-from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready
+from bcg_diffusion.serving.spawn import spawned_servers
 
 START_TIMEOUT_S = 120  # a bound on a start-up, not a speed claim
 REQUEST_TIMEOUT_S = 60
@@ -33,12 +33,8 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    spawned = start_server(SERVER_ARGS, tmp_path_factory.mktemp("serve_openai") / "server.log")
-    try:
-        wait_ready([spawned], START_TIMEOUT_S)
+    with spawned_servers([SERVER_ARGS], tmp_path_factory.mktemp("serve_openai"), START_TIMEOUT_S) as (spawned,):
         yield spawned.url
-    finally:
-        stop_server(spawned)
 
 
 @pytest.fixture(scope="module")
