@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import os
 import re
 import signal
 import subprocess
@@ -49,7 +50,9 @@ def _run_chunk(args: Any, indices: list[int], deadline: float, work: Path, make_
     results: list[Any] = []
     pending = list(indices)
     while pending:
-        jsonl = Path(tempfile.mkstemp(suffix=".jsonl", dir=work)[1])
+        handle, name = tempfile.mkstemp(suffix=".jsonl", dir=work)
+        os.close(handle)  # the child appends to it by name
+        jsonl = Path(name)
         child = subprocess.run(child_command(args, pending, jsonl, work / f"out_{pending[0]}", deadline - time.time()),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
         done = [from_dict(json.loads(line)) for line in jsonl.read_text().splitlines() if line.strip()]
