@@ -1,12 +1,18 @@
 """The planting harness on the GPU, a bounded subset: every (site kind, kind) pair once over twelve
-classes, with captured graphs. The full run (600 plants over every class) is
-``python -m bcg_diffusion.checks.planting`` (docs/testing.md)."""
+classes, with captured graphs. The plants run in child processes (``--jobs``), as the full run does, so a
+native crash is reported as a ``crash`` result of the plant it killed instead of taking the test's worker
+with it. The full run (600 plants over every class) is ``python -m bcg_diffusion.checks.planting``
+(docs/testing.md)."""
+
+import json
+import subprocess
+import sys
 
 import pytest
-import torch
 
-from bcg_diffusion.checks import planting
+from bcg_diffusion.checks.planting import PlantResult
 from bcg_diffusion.checks.planting_kinds import KINDS
+from bcg_diffusion.checks.planting_processes import result_from_dict
 from bcg_diffusion.checks.planting_sites import SITE_KINDS
 
 pytestmark = pytest.mark.gpu
@@ -19,9 +25,19 @@ CLASSES = ",".join([
 ])
 
 
-def test_planted_work_never_crashes_and_the_rest_replays_bitwise():
+def _planted(pairs: int, out_dir) -> list[PlantResult]:
+    command = [sys.executable, "-m", "bcg_diffusion.checks.planting", "--seed", "0", "--plants", str(pairs),
+               "--classes", CLASSES, "--device", "cuda", "--jobs", "2", "--chunk", str(-(-pairs // 2)),
+               "--time-budget", "150", "--out", str(out_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, f"the harness exited with {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    plants = json.loads((out_dir / "planting.json").read_text())["plants"]
+    return [result_from_dict(PlantResult, p) for p in plants]
+
+
+def test_planted_work_never_crashes_and_the_rest_replays_bitwise(tmp_path):
     pairs = len(SITE_KINDS) * len(KINDS)
-    results = planting.run(0, pairs, torch.device("cuda"), torch.bfloat16, time_budget=150.0, classes=CLASSES)
+    results = _planted(pairs, tmp_path)
     ran = [r for r in results if r.status in ("ok", "different", "crash")]
     detail = "\n".join(f"{r.index} {r.case} {r.site} {r.kind}: {r.status} replayed {r.replayed_calls} named {r.named} "
                        f"{r.error or r.suspicious}" for r in results if not r.passed)
