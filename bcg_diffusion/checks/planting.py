@@ -58,7 +58,7 @@ from bcg_pipelines import zoo
 
 from .planting_processes import result_from_dict, run_in_processes
 from .planting_kinds import HIDDEN_STATE, HOST_READ, KINDS, PlantState
-from .planting_report import write_reports
+from .planting_report import RAN, write_reports
 from .planting_sites import OPAQUE_SITES, SITE_KINDS, Plant, Site, Survey, install, survey, train_mode
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -89,7 +89,7 @@ class PlantResult:
     family: str
     site: str = ""
     assumption: bool = False
-    status: str = ""  # ok, different, crash, invalid, skipped
+    status: str = ""  # ok, different, crash, unrepeatable (planting_report.RAN), invalid, skipped
     equal: list[bool] = field(default_factory=list)
     max_diff: float | None = None
     replayed_calls: int = 0
@@ -227,6 +227,16 @@ def _calls(model: torch.nn.Module, bundle: Bundle, on_call=None) -> list[list[to
     return outs
 
 
+def _twin_repeats(bundle: Bundle, state: PlantState, expected: list[list[torch.Tensor]]) -> bool:
+    """Whether the eager twin gives the same bits on a second run of the same calls (the plant's state reset)."""
+    state.reset()
+    try:
+        again = _calls(bundle.twin, bundle)
+    except Exception:  # noqa: BLE001 - a twin that raises now is not repeatable
+        return False
+    return all(_same(a, b) for a, b in zip(again, expected))
+
+
 def _replays(model: torch.nn.Module) -> int:
     """Graph replays so far: whole-call hits of keys not in module mode, and child-graph hits."""
     stats = bcg_diffusion.get_stats(model)
@@ -343,6 +353,9 @@ def run_plant(spec: PlantSpec, bundle: Bundle, seed: int, device: torch.device, 
             result.equal = [_same(a, b) for a, b in zip(got, expected)]
             result.max_diff = max((_max_diff(a, b) or 0.0 for a, b in zip(got, expected)), default=0.0)
             result.status = "ok" if all(result.equal) else "different"
+            if result.status == "different" and not _twin_repeats(bundle, state, expected):
+                result.status = "unrepeatable"
+                result.error = "the eager twin gave other bits on a second run (a nondeterministic kernel): no verdict"
         must_name = (site.kind in OPAQUE_SITES and site.kind != "hook") or (
             kind.family == HOST_READ and result.fired_in_capture > 0)
         if must_name:

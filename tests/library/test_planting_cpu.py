@@ -105,6 +105,27 @@ def test_the_verdicts_tell_an_assumption_from_a_failure(flux):
     assert totals["replayed"] == 3
 
 
+def test_a_twin_that_does_not_repeat_itself_gets_no_verdict(flux, monkeypatch):
+    # a model with a nondeterministic kernel (an atomic scatter_add_ on CUDA): its eager twin's first run
+    # differs from its second, so the accelerated output's difference from it is no verdict on the library
+    real_calls, twin_runs = planting._calls, []
+
+    def calls(model, bundle, on_call=None):
+        outs = real_calls(model, bundle, on_call)
+        if model is bundle.twin:
+            twin_runs.append(1)
+            if len(twin_runs) == 1:
+                outs = [[t + 1e-3 if t.is_floating_point() else t for t in out] for out in outs]
+        return outs
+
+    monkeypatch.setattr(planting, "_calls", calls)
+    spec = planting.PlantSpec(11, flux.case.name, "free_function", "item")
+    result = planting.run_plant(spec, flux, 0, CPU)
+    assert result.status == "unrepeatable" and not result.passed and len(twin_runs) == 2, result
+    totals = summary([result])
+    assert (totals["ran"], totals["different"], totals["unrepeatable"]) == (1, 0, 1)
+
+
 def test_the_command_writes_its_reports(tmp_path, capsys):
     assert planting.main(["--seed", "2", "--plants", "2", "--calls", "2", "--classes", FLUX, "--out", str(tmp_path),
                           "--commit", "abc123"]) == 0
