@@ -57,8 +57,8 @@ def quantize(transformer: Any, name: str) -> Any:
     return transformer
 
 
-INT8_NOTE = ("torchao's int8 dynamic-activation matmul reads the host on every call (torchao 0.17), so it cannot be "
-             "captured: under BCG the transformer runs eagerly, with one warning")
+INT8_NOTE = ("torchao's int8 dynamic-activation matmul reads the host on every call (torchao 0.17), so its Linear "
+             "layers cannot be captured: under BCG they run eagerly as breaks, with one warning, and the rest replays")
 
 
 def torchao_problem() -> str | None:
