@@ -20,7 +20,6 @@ from ..config import BCGConfig
 from ..errors import BCGCaptureWarning
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
-from ..core.nonowning import pool_segments
 from ..stats import CallCounters
 from .breaks.eager_modules import EagerModules
 from .keys import Call, GraphKey
@@ -168,6 +167,7 @@ def _capture(
     while True:
         graph = BreakableCUDAGraph()
         attempt = time.perf_counter()
+        reserved = _reserved_bytes(static)  # what this attempt reserves is the graph's memory
         capture = (
             BreakableCUDAGraphCapture(graph, debug=True) if debug
             else BreakableCUDAGraphCapture(graph, pool=attempts.pool, stream=ctx.stream, capture_error_mode="thread_local")
@@ -181,7 +181,7 @@ def _capture(
             if given_up is not None:
                 return given_up
             continue
-        return _captured(attempts, key, graph, static, outputs, attempt, (s_args, s_kwargs))
+        return _captured(attempts, key, graph, static, outputs, attempt, (s_args, s_kwargs), reserved)
 
 
 def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
@@ -224,9 +224,10 @@ def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
 
 def _captured(
     attempts: _Attempts, key: GraphKey, graph: BreakableCUDAGraph, static: list, outputs: Any, attempt: float,
-    static_call: tuple,
+    static_call: tuple, reserved_before: int,
 ) -> GraphEntry:
-    """The entry of a capture that worked (in debug mode: ran), with its memory and phases."""
+    """The entry of a capture that worked (in debug mode: ran), with its memory (what the device's
+    reserved memory grew by during the attempt, its pool's new segments, plus the static inputs) and phases."""
     start, narrowed, failed_s = attempts.start, attempts.narrowed, attempts.failed_s
     if narrowed:
         attempts.ctx.warn(
@@ -239,7 +240,7 @@ def _captured(
             graph, static, None, capture_time_s=recorded - start, eager_modules=narrowed, debug_inputs=static_call,
             phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
         )
-    memory = pool_bytes(graph, static[0].device) + sum(t.untyped_storage().nbytes() for t in static)
+    memory = max(_reserved_bytes(static) - reserved_before, 0) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
     phases = dict(graph.capture_seconds)
     phases["record"] = recorded - attempt - phases.get("setup", 0.0) - phases.get("instantiate", 0.0)
@@ -340,13 +341,17 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-def pool_bytes(graph: BreakableCUDAGraph, device: torch.device) -> int:
-    if graph.pool is None:
+def _reserved_bytes(static: list) -> int:
+    """The CUDA caching allocator's reserved bytes on the device of the static inputs (0 off CUDA).
+
+    A capture's memory is the growth of this across the attempt: a private pool never takes segments
+    from another pool, so its new segments are what the capture added. This reads counters only; an
+    allocator snapshot (``torch.cuda.memory_snapshot``) here crashed torch 2.11 natively (a segfault
+    inside the snapshot, after many graphs were released) and costs a walk over every block."""
+    device = static[0].device if static and isinstance(static[0], torch.Tensor) else None
+    if device is None or device.type != "cuda":
         return 0
-    try:
-        return sum(s["total_size"] for s in pool_segments(graph.pool, device))
-    except Exception:  # noqa: BLE001 - memory accounting is best effort
-        return 0
+    return torch.cuda.memory_reserved(device)
 
 
 def warn_once(seen: set[str], message: str) -> None:
