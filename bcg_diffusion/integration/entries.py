@@ -345,9 +345,10 @@ def _reserved_bytes(static: list) -> int:
     """The CUDA caching allocator's reserved bytes on the device of the static inputs (0 off CUDA).
 
     A capture's memory is the growth of this across the attempt: a private pool never takes segments
-    from another pool, so its new segments are what the capture added. This reads counters only; an
-    allocator snapshot (``torch.cuda.memory_snapshot``) here crashed torch 2.11 natively (a segfault
-    inside the snapshot, after many graphs were released) and costs a walk over every block."""
+    from another pool, so its new segments are what the capture added (in module mode, where units
+    share a pool, each unit counts only what it added). This reads counters only: an allocator
+    snapshot (``torch.cuda.memory_snapshot``) walks every block, and torch 2.11 segfaulted inside it
+    here in GPU runs where many graphs had been released."""
     device = static[0].device if static and isinstance(static[0], torch.Tensor) else None
     if device is None or device.type != "cuda":
         return 0
