@@ -58,7 +58,7 @@ from bcg_pipelines import zoo
 
 from .planting_processes import result_from_dict, run_in_processes
 from .planting_kinds import HIDDEN_STATE, HOST_READ, KINDS, PlantState
-from .planting_report import RAN, write_reports
+from .planting_report import write_reports
 from .planting_sites import OPAQUE_SITES, SITE_KINDS, Plant, Site, Survey, install, survey, train_mode
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
