@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _cudart, side_streams
+from . import _cudart, failed_segments, side_streams
 from .active_capture import ACTIVE_CAPTURE, is_capturing_breakable
 from .boxing import box_tuple, unbox_tuple
 from .graph import BreakableCUDAGraph, GraphState, _EagerBreak
@@ -60,15 +60,20 @@ class _CaptureState:
         self._to_refork = self.tracker.join_all()
         nodes = _cudart.captured_node_count(self.stream)
         start = time.perf_counter()
-        if nodes == 0:
+        try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch warns about empty graphs
+                if nodes == 0:
+                    warnings.simplefilter("ignore")  # torch warns about empty graphs
                 segment.capture_end()
+        except BaseException:
+            # an invalidated capture is found here: undo what capture_begin set up, keep the object
+            _clean_up_failed_end(segment, self.stream, self.pool)
+            raise
+        if nodes == 0:
             # Not replayed, but kept alive: destroying it would drop the pool's use count to zero
             # while later segments still capture into the pool.
             self.graph._retain(segment)
         else:
-            segment.capture_end()
             self.graph._add_segment(segment)
         self.graph._time("instantiate", time.perf_counter() - start)
 
@@ -199,13 +204,20 @@ class _CaptureState:
 
 def _end_failed_capture(segment: torch.cuda.CUDAGraph, stream: Any, pool: Any) -> None:
     """End ``segment``'s capture after a failure: no stream is left capturing, the pool is no
-    longer recorded to, and the generators no longer believe they are capturing."""
+    longer recorded to, and the generators no longer believe they are capturing. A segment whose
+    ``capture_end`` fails is parked (:mod:`.failed_segments`), never destroyed."""
     try:
         segment.capture_end()
         return
     except Exception as exc:
         logger.debug("capture_end after a failed capture raised: %s", exc)
-    # torch did not get to stop routing allocations to the pool; do it, and end the capture.
+    _clean_up_failed_end(segment, stream, pool)
+
+
+def _clean_up_failed_end(segment: torch.cuda.CUDAGraph, stream: Any, pool: Any) -> None:
+    """After ``segment.capture_end()`` raised: park the segment, stop routing allocations to the
+    pool where torch did not get to, end the stream's capture and clear the error it left."""
+    failed_segments.park(segment)
     _stop_allocating_to(pool, stream)
     try:
         _cudart.abandon_capture(stream)
@@ -229,6 +241,7 @@ def _begin_capture(graph: torch.cuda.CUDAGraph, pool: Any, mode: str, stream: An
     try:
         graph.capture_begin(pool=pool, capture_error_mode=mode)
     except BaseException:
+        failed_segments.park(graph)  # the allocator or the generator may already point at it
         _stop_allocating_to(pool, stream)
         try:
             _cudart.abandon_capture(stream)
