@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -39,11 +40,13 @@ from bcg_diffusion.toolkit.stack_options import StackOptions
 # -------------------------------------------------------------------------------------------------------
 # one parser: both commands accept or refuse every stack option alike
 # -------------------------------------------------------------------------------------------------------
+YAML = Path(__file__).resolve().parents[2] / "scripts" / "stack_cache_dit.yaml"
 ACCEPTED = [
     ([], StackOptions()),
     (["--quant", "int8wo"], StackOptions(quant="int8wo")),
     (["--cache", "fbc:0.2"], None),
     (["--cache", "dbcache:0.1"], None),
+    (["--cache", "cache-dit:{yaml}"], None),  # the load run's settings file (docs/serving.md)
     (["--model", "pixart", "--cache", "magcache"], None),
     (["--compile"], StackOptions(compile=True)),
     (["--compile", "--compile-cache", "{dir}"], None),
@@ -78,7 +81,7 @@ def no_flash_attn(monkeypatch):
 
 def _argv(words: list[str], tmp_path) -> list[str]:
     (tmp_path / "file").write_text("x")
-    fill = {"{dir}": str(tmp_path / "cc"), "{file}": str(tmp_path / "file")}
+    fill = {"{dir}": str(tmp_path / "cc"), "{file}": str(tmp_path / "file"), "cache-dit:{yaml}": f"cache-dit:{YAML}"}
     return ["--device", "cpu", *(fill.get(w, w) for w in words)]
 
 
