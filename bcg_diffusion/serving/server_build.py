@@ -1,8 +1,9 @@
-"""The server's start-up from a :class:`~.server_plan.ServerPlan`: build the pipeline, quantize it, attach the adapters,
-apply the rest of the speed stack and BCG, plan requests, set up batching, warm up, and return the
-:class:`~.app.ServerState` that :func:`~.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its Ray Serve replicas
-(:mod:`.replica_state`). A failed build or warm-up raises :class:`~bcg_diffusion.toolkit.options.Failure` (exit
-code 1, or 2 for what the options asked and the model cannot do); the lines printed say what was built.
+"""The server's start-up from a :class:`~.server_plan.ServerPlan`: build the pipeline, quantize it, attach the
+adapters, apply the rest of the speed stack and BCG, plan requests, set up batching, warm up, and return the
+:class:`~.app.ServerState` that :func:`~.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its
+Ray Serve replicas (:mod:`.replica_state`). A failed build or warm-up raises
+:class:`~bcg_diffusion.toolkit.options.Failure` (exit code 1, or 2 for what the options asked and the model cannot
+do); the lines printed say what was built.
 """
 
 from __future__ import annotations

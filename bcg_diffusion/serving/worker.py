@@ -172,8 +172,9 @@ class ImageGenerator:
     """Runs :class:`GenerationJob` on the pipeline: call this only from the worker thread.
 
     Each call gets its own ``torch.Generator(device).manual_seed(job.seed)``, so an image depends only on
-    its request (with a step cache, ``before_call`` resets its state first: a call that failed half-way leaves it). After a failure the pipeline is left as it is (every diffusers call resets its scheduler
-    and per-call state); after an out-of-memory error the CUDA cache is emptied as well. The BCG stats are
+    its request (with a step cache, ``before_call`` resets its state first: a call that failed half-way leaves
+    it). After a failure the pipeline is left as it is (every diffusers call resets its scheduler and per-call
+    state); after an out-of-memory error the CUDA cache is emptied as well. The BCG stats are
     snapshotted after every call (``bcg_stats``), so the event loop never reads them while a call changes them.
     """
 

@@ -36,6 +36,7 @@ from bcg_diffusion.benchmarks.stack.measure import (
 from bcg_diffusion.benchmarks.stack.report import write_report
 from bcg_diffusion.toolkit.options import quiet_known_messages
 from bcg_diffusion.toolkit.quant_option import QUANT_NAMES, device_problem, torchao_problem
+from bcg_diffusion.toolkit.timed_run import run_pipeline
 
 __all__ = ["DEFAULT_CASES", "Case", "build_parser", "main", "parse_case"]
 
@@ -203,33 +204,45 @@ def run_modes(stacked: StackedPipeline, call, case: Case, opts, budget: Budget, 
 
 
 def run_case(case: Case, opts, device: torch.device, dtype, budget: Budget, log, save) -> dict[str, Any]:
-    """Build the case's pipeline and run its modes; the case's results (``save(result)`` after every mode)."""
+    """Build the case's pipeline and run its modes; the case's results (``save(result)`` after every mode). A build
+    or set-up that fails is the case's ``error``; a mode that fails is that mode's."""
     spec = pipelines.get_family(case.family)
     result: dict[str, Any] = {"case": case.text, "title": spec.title, "steps": case.steps, "modes": {}, "notes": []}
     start = time.perf_counter()
     try:
         pipe = pipelines.build_pipeline(case.family, size=case.size, device=device, dtype=dtype, seed=opts.seed)
-    except Exception as exc:  # noqa: BLE001
-        result["error"] = f"build failed: {type(exc).__name__}: {exc}"
+        pipe.set_progress_bar_config(disable=True)
+        result["build_s"] = time.perf_counter() - start
+        call = case_call(pipe, case)
+        run_pipeline(pipe, {**call, "num_inference_steps": 1}, opts.seed, device, "warm-up")  # one-off set-up
+    except Exception as exc:  # noqa: BLE001 - recorded; the next case still runs
+        result["error"] = f"build or set-up failed: {type(exc).__name__}: {exc}"
         return result
-    pipe.set_progress_bar_config(disable=True)
-    result["build_s"] = time.perf_counter() - start
-    call = case_call(pipe, case)
-    cached = opts.cached_steps or max(1, (case.steps - opts.cache_warmup) // 2)
-    stacked = StackedPipeline(pipe, opts.quant, CacheSetting(opts.cache_warmup, cached), opts.bcg_config, device)
-    result.update(call={k: v for k, v in call.items() if k != "prompt"}, cache=CacheSetting(
-        opts.cache_warmup, cached).describe(pipe.transformer) if "cache" in opts.layers_chosen else None)
+    result["notes"].append("an untimed 1-step eager call ran first, so one-off set-up (CUDA, cuBLAS, the VAE) is in "
+                           "no mode's first image")
     log(f"{case.text}: built in {result['build_s']:.1f} s; {len(layer_modes(opts.layers_chosen))} modes")
     try:
-        result["modes"] = run_modes(stacked, call, case, opts, budget, log,
-                                    lambda rows: save({**result, "modes": rows, "notes": stacked.notes}))
+        run_stack(pipe, call, case, opts, device, budget, log, save, result)
     finally:
-        stacked.close()
-        result["notes"] = list(stacked.notes)
-        del pipe, stacked
+        del pipe
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return result
+
+
+def run_stack(pipe, call: dict[str, Any], case: Case, opts, device, budget: Budget, log, save,
+              result: dict[str, Any]) -> None:
+    """The modes of ``case`` on its built pipeline, into ``result``; every layer undone at the end."""
+    setting = CacheSetting(opts.cache_warmup, opts.cached_steps or max(1, (case.steps - opts.cache_warmup) // 2))
+    stacked = StackedPipeline(pipe, opts.quant, setting, opts.bcg_config, device)
+    result.update(call={k: v for k, v in call.items() if k != "prompt"},
+                  cache=setting.describe(pipe.transformer) if "cache" in opts.layers_chosen else None)
+    try:
+        result["modes"] = run_modes(stacked, call, case, opts, budget, log,
+                                    lambda rows: save({**result, "modes": rows, "notes": result["notes"] + stacked.notes}))
+    finally:
+        stacked.close()
+        result["notes"] += stacked.notes
 
 
 def layer_text(opts) -> str:
