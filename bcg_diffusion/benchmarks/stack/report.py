@@ -35,7 +35,7 @@ def _f(value: Any, spec: str = ".3f") -> str:
 
 def _row(name: str, m: dict[str, Any]) -> str:
     if m.get("status") != "ok":
-        return f"| {name} | {m.get('status')}: {m.get('reason', '')} |" + " |" * 10
+        return f"| {name} | {m.get('status')}: {m.get('reason', '')} |" + " |" * 9
     dev = m.get("deviation") or {}
     psnr = "inf (identical)" if dev.get("identical") else _f(dev.get("psnr_db"), ".1f")
     twin = m.get("bitwise_vs_twin")
