@@ -50,11 +50,19 @@ def quantize_layer(pipe: Any, stack: StackOptions) -> list[str]:
 
 
 def compile_layer(transformer: Any) -> tuple[str, Any]:
-    """Regional compile of ``transformer`` with the library's attention wrappers installed first; the note and the
-    wrappers' handle (``remove()`` undoes them once nothing compiled runs any more)."""
+    """Regional compile of ``transformer`` with the library's attention wrappers installed first, static shapes
+    (``dynamic=False``); the note and the wrappers' handle (``remove()`` undoes them once nothing compiled runs any
+    more).
+
+    Static shapes: each size is compiled for itself, so a size runs the same kernels whatever was compiled before it
+    and with BCG or without. With torch's automatic dynamic shapes the second size would recompile the blocks with
+    dynamic shapes, and later calls of the first size would run those kernels in an eager process while an
+    accelerated one replays the static kernels it captured: not bitwise the same. torch compiles at most
+    ``torch._dynamo.config.recompile_limit`` shapes per block class (8 by default; it warns and runs the others
+    uncompiled)."""
     handle = bcg_diffusion.install_attention_breaks(transformer)
     try:
-        note = regional_compile(transformer)
+        note = regional_compile(transformer, dynamic=False)
     except BaseException:
         handle.remove()
         raise
