@@ -8,6 +8,7 @@ Commands (each also ``python scripts/<name>.py``):
 - :mod:`.zoo`: per-call benchmark of the full-size zoo cases (:mod:`.zoo.zoo_bench`) and every diffusers
   transformer class on tiny configs, eager against accelerated (:mod:`.zoo.zoo_probe`).
 - :mod:`.cache_dit`: cache-dit under BCG, per image.
+- :mod:`.stack`: the speed stack, layer by layer, per image (eager, graphs, + compile, + float8, + step cache).
 - :mod:`.profile`: where a capture's time goes (:mod:`.profile.capture_profile`) and compile + BCG set-up with a
   compile cache (:mod:`.profile.compile_cache_check`).
 

@@ -10,10 +10,9 @@ import argparse
 import os
 from pathlib import Path
 
-from bcg_diffusion.toolkit.cache_spec import CACHE_HELP
 from bcg_diffusion.toolkit.choices import CP_MODES, MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
 from bcg_diffusion.toolkit.options import add_model_options, command_name
-from bcg_diffusion.toolkit.quant_option import QUANT_HELP, QUANT_NAMES
+from bcg_diffusion.toolkit.stack_options import add_stack_options
 
 __all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "NVLINK_MULTICAST_OFF", "SHAPE_KEYS", "build_parser",
            "keep_nvlink_multicast_off", "prog"]
@@ -71,16 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
     g.add_argument("--debug-cuda-graph", action="store_true",
                    help="BCG with every segment run eagerly (BCGConfig(debug=True)); implies --bcg")
-    g.add_argument("--compile", action="store_true",
-                   help="regional torch.compile of the transformer's repeated blocks (combines with --bcg)")
-    g.add_argument("--attention-backend", default=None, metavar="NAME",
-                   help="diffusers attention backend, e.g. native, flash, _native_cudnn (set_attention_backend)")
-    g.add_argument("--cache", default=None, metavar="SPEC",
-                   help=f"a diffusers step cache on the transformer: {CACHE_HELP}; each run prints the module passes "
-                   "the cache computed and reused")
-    g.add_argument("--quant", choices=QUANT_NAMES, default=None,
-                   help=f"torchao quantization of the transformer, applied right after the build: {QUANT_HELP} "
-                   "(needs torchao: pip install -e \".[quant]\")")
+    add_stack_options(g)  # --quant, --cache, --compile, --compile-cache, --attention-backend: as bcg-serve's
     g.add_argument("--compare", action="store_true",
                    help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
                    "and whether the outputs are bitwise identical")
@@ -88,9 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="before each timed run, bcg_diffusion.warmup(pipe, shapes, ...) with the run's other call "
                    "settings: with no value the run's own size, else these sizes (width x height, as the OpenAI images "
                    "API; WxHxFRAMES for videos). The output is the same with and without it")
-    g.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
-                   help="with --compile: keep torch's compile artifacts in DIR (bcg_diffusion.use_compile_cache) so "
-                   "that a later process loads them instead of compiling again")
     g = p.add_argument_group("several GPUs")
     g.add_argument("--cp", choices=CP_MODES, default=None,
                    help="diffusers context parallelism over the GPUs of a torchrun launch (torchrun --nproc_per_node N "

@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bcg_diffusion.toolkit.cache_option import check_cache
-from bcg_diffusion.toolkit.cache_spec import CacheSpec
 from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
 from bcg_diffusion.toolkit.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
-from bcg_diffusion.toolkit.quant_option import device_problem, torchao_problem
 from bcg_diffusion.toolkit.sizes import max_side, parse_sizes
+from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
 from .args import DEFAULT_OUT_DIR, GUIDANCE_LIMIT, SEED_LIMIT, SHAPE_KEYS, TORCHRUN_VARIABLES
 
@@ -42,7 +40,8 @@ class Plan:
     """What to build and how to call it, after validation.
 
     ``warmup`` is ``None`` without ``--warmup``, else the shapes to warm (``bcg_diffusion.warmup``'s
-    dicts); ``ranks`` is set under ``--cp``; ``cache`` under ``--cache``.
+    dicts); ``ranks`` is set under ``--cp``; ``stack`` holds ``--quant``, ``--cache``, ``--compile``,
+    ``--compile-cache`` and ``--attention-backend``, read as ``bcg-serve`` reads them.
     """
 
     model: str
@@ -57,7 +56,7 @@ class Plan:
     use_bcg: bool
     warmup: list[dict[str, int]] | None = None
     ranks: Ranks | None = None
-    cache: CacheSpec | None = None  # --cache, read once
+    stack: StackOptions = field(default_factory=StackOptions)  # the speed stack, read once
     notes: list[str] = field(default_factory=list)  # said before the build (the file --out becomes, a new folder)
 
     @property
@@ -90,21 +89,8 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     dtype = pipelines.resolve_dtype(args.dtype, device)
     if args.no_resolution_binning and spec is not None:  # a checkpoint's pipeline is checked once it is loaded
         check_binning_flag(spec, parser)
-    if args.compile_cache is not None:
-        if not args.compile:
-            parser.error("--compile-cache keeps torch.compile's artifacts, and nothing compiles without --compile; "
-                         "add --compile or leave --compile-cache out")
-        if args.compile_cache.exists() and not args.compile_cache.is_dir():
-            parser.error(f"--compile-cache {str(args.compile_cache)!r} is a file; give a folder (it is created if "
-                         "missing)")
-    cache = None
-    if args.cache is not None:
-        try:  # a checkpoint's family is known after loading: checked again then
-            cache = check_cache(args.cache, spec.name if spec is not None else None)
-        except ValueError as exc:
-            parser.error(f"--cache: {exc}")
-    if args.quant is not None and (problem := torchao_problem() or device_problem(args.quant, device)):
-        parser.error(f"--quant {args.quant}: {problem}")
+    # the stack as bcg-serve reads it (a checkpoint's family is known after loading: its cache is checked then)
+    stack = read_stack(args, parser, family=spec.name if spec is not None else None, device=device)
     model_size = args.size if spec is not None else "checkpoint"
     try:
         call = pipelines.plan_call(spec, args.size, prompt=args.prompt, height=args.height, width=args.width,
@@ -126,11 +112,11 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     if args.warmup is not None:
         warmup = parse_warmup_sizes(args.warmup, spec, model_size, call, is_video, parser)
     return Plan(args.model, spec, spec is not None, model_size, device, dtype, call, out, is_video, use_bcg, warmup, ranks,
-                cache, notes)
+                stack, notes)
 
 def check_arguments(args, parser: argparse.ArgumentParser) -> None:
-    """``parser.error`` (exit 2) for numbers out of range and attention backends that are unknown or cannot run
-    here (diffusers' own check: e.g. ``flash`` without the flash-attn package)."""
+    """``parser.error`` (exit 2) for numbers out of range and text that is not UTF-8 (the stack's options:
+    :func:`~bcg_diffusion.toolkit.stack_options.read_stack`)."""
     limits = {"steps": MAX_STEPS, "batch": MAX_BATCH}  # the others have their own limits (shapes) or none
     for name in ("steps", "batch", "height", "width", "frames", "fps"):
         value, limit = getattr(args, name), limits.get(name)
@@ -147,16 +133,6 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--guidance must be a number in 0 .. {GUIDANCE_LIMIT:.0f} (got {args.guidance})")
     if not 0 <= args.seed < SEED_LIMIT:
         parser.error(f"--seed must be in 0 .. 2**64 - 1 (got {args.seed})")
-    if args.attention_backend is not None:
-        from bcg_diffusion.toolkit.speedups import attention_backend_names, attention_backend_problem  # diffusers
-
-        name = args.attention_backend.lower()
-        if name not in attention_backend_names():
-            parser.error(f"--attention-backend {args.attention_backend!r} is not a diffusers backend; "
-                         f"choose one of: {', '.join(attention_backend_names())}")
-        problem = attention_backend_problem(name)
-        if problem:
-            parser.error(f"--attention-backend {args.attention_backend}: {problem}")
 
 def not_utf8(text: str | None) -> str | None:
     """Where ``text`` (an argument as Python decoded it) cannot be UTF-8, or ``None``: bytes that were not UTF-8

@@ -49,7 +49,7 @@ def print_summary(pipe, plan: Plan, args, call: dict[str, Any], results: list[Ru
     last = results[-1]
     if last.bcg_stats is not None:
         print(format_bcg_stats(last.bcg_stats, indent="    "))
-    if args.compile:
+    if plan.stack.compile:
         print(compile_setup_line(setup, results))
     if compile_cache is not None:
         print(f"  compile cache: {compile_cache.status}")

@@ -39,8 +39,8 @@ import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.cache_option import apply_cache, cache_passes, check_cache, reset_cache_state
 from bcg_diffusion.toolkit.media import save_output
 from bcg_diffusion.toolkit.options import Failure, offline_hint
-from bcg_diffusion.toolkit.quant_option import apply_quant
 from bcg_diffusion.toolkit.sizes import max_side
+from bcg_diffusion.toolkit.stack import quantize_layer
 from bcg_diffusion.toolkit.speedups import (enable_context_parallel, has_cp_plan, quiet_library_warnings,
                                             regional_compile, set_attention_backend)
 from bcg_diffusion.toolkit.timed_run import RunResult, compare_outputs, run_pipeline
@@ -139,7 +139,7 @@ def generate(plan: Plan, args) -> int:
         return 1
     build_s = time.perf_counter() - t0
     try:
-        quantized = quantize_transformer(pipe, args)
+        quantized = quantize_layer(pipe, plan.stack)
         call, notes = prepare(pipe, plan, args)
         notes = quantized + notes
         print(f"built in {build_s:.1f} s; {', '.join(f'{k}={v!r}' for k, v in call.items() if k != 'prompt')}")
@@ -176,9 +176,10 @@ def generate(plan: Plan, args) -> int:
 def open_compile_cache(plan: Plan, args):
     """``--compile-cache``: ``bcg_diffusion.use_compile_cache`` before anything compiles (under ``--cp`` one
     sub-folder per rank, so that no two processes write one file); prints its status."""
-    if args.compile_cache is None:
+    if plan.stack.compile_cache is None:
         return None
-    directory = args.compile_cache if plan.ranks is None else args.compile_cache / f"rank{plan.ranks.rank}"
+    folder = plan.stack.compile_cache
+    directory = folder if plan.ranks is None else folder / f"rank{plan.ranks.rank}"
     try:
         cache = bcg_diffusion.use_compile_cache(directory)
     except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be written
@@ -199,16 +200,6 @@ def build(plan: Plan, args):
     return pipe
 
 
-def quantize_transformer(pipe, args) -> list[str]:
-    """``--quant``: quantize the transformer with torchao right after the build; the note to print."""
-    if not args.quant:
-        return []
-    try:
-        return [apply_quant(pipe, args.quant)]
-    except Exception as exc:  # noqa: BLE001 - e.g. a config the device does not support
-        raise Failure(1, f"error: --quant {args.quant}: {type(exc).__name__}: {exc}") from exc
-
-
 def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
     """The call fitted to the pipeline, and notes on the attention backend and compilation set on it."""
     if args.no_resolution_binning and "use_resolution_binning" not in pipelines.call_parameters(pipe):
@@ -225,16 +216,17 @@ def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
             raise Failure(2, f"{prog()}: error: {problem}")
     notes = [f"note: {type(pipe).__name__} takes no {key!r} argument; ignored" for key in dropped]
     transformer = getattr(pipe, "transformer", None)
-    if (args.attention_backend or args.compile or args.cp) and transformer is None:
+    stack = plan.stack
+    if (stack.attention_backend or stack.compile or args.cp) and transformer is None:
         raise Failure(2, "error: --attention-backend, --compile and --cp need a pipeline with a transformer")
-    if args.attention_backend:
+    if stack.attention_backend:
         try:
-            notes.append(set_attention_backend(transformer, args.attention_backend.lower()))
+            notes.append(set_attention_backend(transformer, stack.attention_backend))
         except Exception as exc:  # noqa: BLE001 - e.g. the backend's package is not installed
-            raise Failure(2, f"error: --attention-backend {args.attention_backend}: {exc}") from exc
+            raise Failure(2, f"error: --attention-backend {stack.attention_backend}: {exc}") from exc
     if plan.ranks is not None:  # after the attention backend (diffusers checks it), before compile and BCG
         notes.append(split_over_ranks(transformer, plan.ranks))
-    if args.compile:
+    if stack.compile:
         try:
             notes.append(regional_compile(transformer))
         except Exception as exc:  # noqa: BLE001
@@ -256,18 +248,19 @@ def split_over_ranks(transformer, ranks: Ranks) -> str:
 def run(pipe, plan: Plan, args, call: dict[str, Any]) -> tuple[list[RunResult], SetUp]:
     """The eager run (with ``--compare``), then the run asked for, each after its ``--warmup``; BCG
     statistics on the last."""
-    tag = " + compile" if args.compile else ""
-    tag += f" + {args.cache}" if args.cache else ""
+    stack = plan.stack
+    tag = " + compile" if stack.compile else ""
+    tag += f" + {stack.cache}" if stack.cache else ""
     bcg_label = "bcg-debug" if args.debug_cuda_graph else "bcg"
     results, setup = [], SetUp()
     try:
         if args.compare and plan.cuda and plan.warmup is None:  # one-off CUDA initialisation must not count
             print("warm-up: one untimed 1-step eager call", flush=True)
             first = run_pipeline(pipe, {**call, "num_inference_steps": 1}, args.seed, plan.device, "warm-up")
-            if args.compile:
+            if stack.compile:
                 seconds = first.step_times[0] if first.step_times else first.total_s
                 setup.compiled_in(f"the untimed 1-step eager call took {seconds:.2f} s in its step")
-        if args.cache:  # after the CUDA warm-up call, before --warmup and acceleration
+        if stack.cache:  # after the CUDA warm-up call, before --warmup and acceleration
             enable_step_cache(pipe, plan, args, call)
         if args.compare:
             label = "eager" + tag
@@ -296,8 +289,8 @@ def enable_step_cache(pipe, plan: Plan, args, call: dict[str, Any]) -> None:
         raise Failure(2, f"error: --cache needs a known family; {plan.model} is none of {', '.join(pipelines.list_families())}")
     try:
         if not plan.is_family:
-            check_cache(plan.cache, plan.spec.name)
-        print(f"  {apply_cache(pipe, plan.cache, plan.spec.name, call['num_inference_steps'])}", flush=True)
+            check_cache(plan.stack.cache, plan.spec.name)
+        print(f"  {apply_cache(pipe, plan.stack.cache, plan.spec.name, call['num_inference_steps'])}", flush=True)
     except ValueError as exc:
         raise Failure(2, f"{prog()}: error: --cache: {exc}") from exc
 
@@ -315,7 +308,7 @@ def warm_up(pipe, plan: Plan, call: dict[str, Any], before: str, setup: SetUp, a
         raise Failure(1, f"error: --warmup: {type(exc).__name__}: {exc}") from exc
     print(textwrap.indent(str(report), "  "), flush=True)
     setup.warmups[before] = report
-    if args.compile:
+    if plan.stack.compile:
         setup.compiled_in(f"bcg_diffusion.warmup before the {before} run took {report.total_s:.2f} s in all")
 
 
@@ -331,9 +324,10 @@ def accelerate(pipe, plan: Plan, args) -> None:
 
 def counted_run(pipe, plan: Plan, args, call: dict[str, Any], label: str) -> RunResult:
     """One timed run; with ``--cache`` from a fresh cache state, counting the module passes it computed and reused."""
-    if args.cache:
+    cached = plan.stack.cache is not None
+    if cached:
         reset_cache_state(pipe.transformer)
-    with cache_passes(pipe.transformer, bool(args.cache)) as passes:
+    with cache_passes(pipe.transformer, cached) as passes:
         result = run_pipeline(pipe, call, args.seed, plan.device, label)
     result.cache_passes = passes
     return result

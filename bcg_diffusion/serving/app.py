@@ -299,7 +299,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.api_route("/stats", methods=GET_METHODS)
     async def stats():
-        """The server's description and counters, the BCG stats as of the last finished call, GPU memory."""
+        """The server's description and counters, the BCG stats and torch.compile's graph count as of the last
+        finished call, GPU memory."""
         counters = state.counters.snapshot()
         counters.update(queue_depth=state.depth(), waiting=state.worker.waiting, running=state.worker.running,
                         batch_pending=state.batcher.pending if state.batcher is not None else 0)
@@ -308,6 +309,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "batching": state.batching_stats(),
                 "bcg": state.generator.bcg_stats,
                 "adapters": state.generator.adapter_stats,
+                "compiled_graphs": state.generator.compiled_graphs,
                 "gpu_memory": gpu_memory(state.generator.device)}
 
     app.add_middleware(StripTrailingSlash)  # added last: the outermost, so the API key check sees the plain path

@@ -53,6 +53,13 @@ def _captures(stats: dict[str, Any]) -> int | None:
     return None if bcg is None else bcg.get("captures")
 
 
+def _compiles(run: ServerRun) -> int | None:
+    """Graphs torch.compile made in the server during the load (``/stats`` ``compiled_graphs``; ``None`` where the
+    server does not say)."""
+    start, end = run.stats_start.get("compiled_graphs"), run.stats_end.get("compiled_graphs")
+    return None if start is None or end is None else end - start
+
+
 def _consistency(run: ServerRun) -> dict[str, Any]:
     """Equal requests must have got bitwise equal images (the same PNG payloads)."""
     by_identity: dict[str, set] = defaultdict(set)
@@ -149,7 +156,7 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
     return {
         "label": run.label, "url": run.url,
         "server": {k: server.get(k) for k in ("model", "family", "size", "pipeline", "device", "dtype", "bcg",
-                                               "compile", "resolution_binning", "warmup", "default_steps")},
+                                               "compile", "stack", "resolution_binning", "warmup", "default_steps")},
         "requests": len(run.outcomes), "ok": len(ok), "errors": dict(sorted(errors.items())),
         "error_examples": [f"#{o.index} {o.status}: {o.error}" for o in run.outcomes if not o.ok][:3],
         "timed_out": run.timed_out, "wall_s": run.wall_s,
@@ -159,7 +166,7 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         "throughput_rps": len(ok) / run.wall_s if run.wall_s > 0 else None,
         "images_per_s": images / run.wall_s if run.wall_s > 0 else None,
         "gpu_memory": _memory(run, memory_tolerance),
-        "captures_during_load": None if c0 is None or c1 is None else c1 - c0,
+        "captures_during_load": None if c0 is None or c1 is None else c1 - c0, "compiles_during_load": _compiles(run),
         "consistency": _consistency(run),
         "per_size": per_size,
         "per_model": per_model,
@@ -237,6 +244,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("GPU allocated change", _fmt(mem["change_pct"], "+.1f", " %")
          + ("" if mem["within_tolerance"] is None else (" (ok)" if mem["within_tolerance"] else " (OVER)"))),
         ("captures during load", _fmt(s["captures_during_load"], "d")),
+        ("compiles during load", _fmt(s.get("compiles_during_load"), "d")),
         ("equal requests equal", f"{consistent} ({cons['repeated_identities']} repeated)"),
         ("batched calls", "off" if s.get("batching") is None else str(s["batching"]["batches"])),
         ("requests per batch mean", "-" if s.get("batching") is None

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send 'Authorization: Bearer KEY' (servers started with serve.py --api-key); default: the "
                    "environment variable BCG_API_KEY. Servers of --spawn get the same key")
     g.add_argument("--labels", default=None, metavar="A[,B]",
-                   help="names of the servers in the report (default: eager/bcg[+compile] from their /stats)")
+                   help="names of the servers in the report (default: eager/bcg and the stack, e.g. bcg+fp8+compile, from "
+                   "their /stats)")
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=200, help="requests per server (default: 200)")
     g.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
@@ -172,9 +173,15 @@ def mix_spec(args) -> MixSpec:
 
 
 def default_label(stats: dict[str, Any]) -> str:
+    """``eager`` or ``bcg``, then the server's stack: ``bcg+fp8+compile+dbcache``."""
     server = stats.get("server", {})
     label = "bcg" if server.get("bcg") else "eager"
-    return label + ("+compile" if server.get("compile") else "")
+    stack = server.get("stack") or {}
+    if not stack:  # a server from before the stack options
+        return label + ("+compile" if server.get("compile") else "")
+    parts = [stack.get("quant"), stack.get("attention_backend"), "compile" if stack.get("compile") else None,
+             stack.get("cache")]
+    return "+".join([label, *(p for p in parts if p)])
 
 
 def labels_for(urls: list[str], args) -> list[str]:

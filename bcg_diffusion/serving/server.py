@@ -12,6 +12,7 @@ Examples::
     python scripts/serve.py                                    # tiny Flux on 127.0.0.1:8000, seconds on a CPU
     python scripts/serve.py --model pixart --size full --no-resolution-binning --bcg --warmup 512x512
     python scripts/serve.py --model flux --size full --bcg --compile --warmup 512x512,1024x1024 --port 0
+    python scripts/serve.py --model flux --size full --quant fp8 --compile --cache dbcache --bcg --warmup 1024x1024
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 
 from bcg_diffusion.toolkit.choices import MAX_STEPS
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
+from bcg_diffusion.toolkit.stack_options import add_stack_options
 
 from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
 from .replica_options import add_replica_arguments  # no Ray
@@ -65,12 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p, DEFAULT_MODEL, which="; image families only")
     g = p.add_argument_group("speed")
     g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
-    g.add_argument("--compile", action="store_true",
-                   help="regional torch.compile of the transformer's repeated blocks (as generate.py --compile; "
-                   "combines with --bcg)")
+    add_stack_options(g)  # --quant, --cache, --compile, --compile-cache, --attention-backend: as bcg-generate's
     g.add_argument("--warmup", default=None, metavar="WxH[,WxH...]",
                    help="sizes to run once before listening, e.g. 512x512,1024x1024 (bcg_diffusion.warmup where it "
-                   "exists, else one 2-step call per size)")
+                   "exists, else one 2-step call per size; with --cache, calls of the default step count, so that the "
+                   "cached steps' paths are warmed too). With --compile or --cache and no --warmup, the default size "
+                   "is warmed")
     g = p.add_argument_group("requests")
     g.add_argument("--default-size", default=None, metavar="WxH",
                    help="size of a request without one (default: the family's for --size; 1024x1024 for a checkpoint)")

@@ -1,8 +1,9 @@
-"""The server's start-up from a :class:`~.server_plan.ServerPlan`: build the pipeline, attach the adapters, speed it
-up, plan requests, set up batching, warm up, and return the :class:`~.app.ServerState` that
-:func:`~.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its Ray Serve replicas
-(:mod:`.replica_state`). A failed build or warm-up raises :class:`~bcg_diffusion.toolkit.options.Failure` (exit
-code 1, or 2 for what the options asked and the model cannot do); the lines printed say what was built.
+"""The server's start-up from a :class:`~.server_plan.ServerPlan`: build the pipeline, quantize it, attach the
+adapters, apply the rest of the speed stack and BCG, plan requests, set up batching, warm up, and return the
+:class:`~.app.ServerState` that :func:`~.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its
+Ray Serve replicas (:mod:`.replica_state`). A failed build or warm-up raises
+:class:`~bcg_diffusion.toolkit.options.Failure` (exit code 1, or 2 for what the options asked and the model cannot
+do); the lines printed say what was built.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import bcg_diffusion
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
+from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compiled_graphs, quantize_layer
 
 from .adapter_options import attach_adapters, warm_adapters
 from .app import ServerState
@@ -24,12 +26,17 @@ from .batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
 from .granularity import pixel_granularity
 from .requests import RequestError, RequestLimits, RequestPlanner
 from .server_plan import ServerPlan, prog
-from .startup_warmup import run_warmup
+from .startup_warmup import WarmupPlan, plan_warmup, run_warmup
 from .worker import ImageGenerator, PipelineWorker, ServerCounters
 
-__all__ = ["CHECKPOINT_DEFAULT_SIZE", "CHECKPOINT_DEFAULT_STEPS", "build_server", "make_planner"]
+__all__ = ["CACHED_UNBATCHED", "CHECKPOINT_DEFAULT_SIZE", "CHECKPOINT_DEFAULT_STEPS", "build_server", "make_planner",
+           "stack_up"]
 
 CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
+#: Why a server with a step cache runs every request alone (``--max-batch`` > 1 notwithstanding).
+CACHED_UNBATCHED = ("a step cache decides for a whole pipeline call (compute or reuse) from every row of it, so in a "
+                    "batch a request's image would depend on its companions; with --cache every request runs alone, "
+                    "one call each, as with --max-batch 1")
 CHECKPOINT_DEFAULT_STEPS = 28
 
 
@@ -39,10 +46,9 @@ def build_server(plan: ServerPlan) -> ServerState:
     print(f"building {plan.model} ({plan.size if plan.spec is not None else 'weights'}) on {plan.device} in "
           f"{pipelines.dtype_name(plan.dtype)} ...", flush=True)
     t0 = time.perf_counter()
+    compile_cache = open_compile_cache(plan)
     pipe, spec = build_pipeline(plan)
-    adapters = attach_adapters(pipe, list(plan.adapters), plan.base_model, prog(), rank=plan.lora_rank,
-                               gpu_slots=plan.lora_gpu_slots)  # before BCG
-    notes = speed_up(pipe, compile=plan.compile, bcg=plan.bcg, on_cuda=plan.device.type == "cuda")
+    adapters, notes = stack_up(pipe, spec, plan)
     granularity = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
     planner = make_planner(pipe, spec, plan, granularity)
     if adapters is not None:
@@ -53,12 +59,15 @@ def build_server(plan: ServerPlan) -> ServerState:
     shapes = batching_setup(pipe, planner, plan)
     counters, worker = ServerCounters(), PipelineWorker()
     generator = ImageGenerator(pipe, plan.device, counters, dict(plan.injections))
+    generator.before_call = cache_reset(pipe, plan.stack)  # a request's image depends on the request alone
+    warming = warmup_plan(plan, planner)
     try:
-        warmup = warm_up(worker, generator, planner, list(plan.warmup), shapes)
-        warm_adapters(adapters, worker, generator, lambda: warm_up(worker, generator, planner, list(plan.warmup), shapes))
+        warmup = warm_up(worker, generator, planner, warming, shapes)
+        warm_adapters(adapters, worker, generator, lambda: warm_up(worker, generator, planner, warming, shapes))
     except BaseException:
         worker.stop()
         raise
+    warmup["compile_cache"] = save_compile_cache(compile_cache)
     batcher = (RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
                if shapes is not None else None)
     return ServerState(planner, worker, generator, counters, server_info(plan, spec, pipe, planner, warmup),
@@ -89,6 +98,54 @@ def build_pipeline(plan: ServerPlan):
                       "(its __call__ takes no use_resolution_binning), so it already runs the asked size; leave the "
                       "flag out")
     return pipe, spec
+
+
+def stack_up(pipe, spec, plan: ServerPlan):
+    """The speed stack on the built pipeline, in order: quantization, the LoRA adapters (before BCG and compile touch
+    the transformer), the attention backend, the step cache, compile, BCG; the adapter bank (``None`` without
+    adapters) and the lines that say what was done, the stack's first."""
+    notes = [stack_line(plan)] + quantize_layer(pipe, plan.stack)
+    adapters = attach_adapters(pipe, list(plan.adapters), plan.base_model, prog(), rank=plan.lora_rank,
+                               gpu_slots=plan.lora_gpu_slots)
+    steps = default_steps(pipe, spec, plan.steps)
+    notes += apply_speed_layers(pipe, plan.stack, spec.name if spec is not None else None, steps).notes
+    notes += speed_up(pipe, compile=False, bcg=plan.bcg, on_cuda=plan.device.type == "cuda")
+    return adapters, notes
+
+
+def stack_line(plan: ServerPlan) -> str:
+    """The start-up line that names the stack: ``stack: fp8 + cache dbcache + compile, with BCG``."""
+    bcg = "with BCG" if plan.bcg else "without BCG (eager)"
+    return f"stack: {plan.stack.describe()}, {bcg}"
+
+
+def open_compile_cache(plan: ServerPlan):
+    """``--compile-cache``: ``bcg_diffusion.use_compile_cache`` before anything compiles (``None`` without it);
+    prints its status. ``Failure`` (2) for a folder it cannot use."""
+    if plan.stack.compile_cache is None:
+        return None
+    try:
+        cache = bcg_diffusion.use_compile_cache(plan.stack.compile_cache)
+    except Exception as exc:  # noqa: BLE001 - e.g. a folder that cannot be written
+        raise Failure(2, f"{prog()}: error: --compile-cache {plan.stack.compile_cache}: {exc}") from exc
+    print(f"compile cache: {cache.status}", flush=True)
+    return cache
+
+
+def save_compile_cache(cache) -> str | None:
+    """After the warm-up: what was compiled saved into the compile cache, so that the next start loads it; the line
+    printed (and shown in ``/stats``), ``None`` without ``--compile-cache``. A failed save is said, not fatal."""
+    if cache is None:
+        return None
+    try:
+        path = cache.save()
+    except Exception as exc:  # noqa: BLE001 - the server serves either way
+        line = f"compile cache: saving the artifacts failed: {type(exc).__name__}: {exc}"
+    else:
+        line = ("compile cache: nothing was compiled, nothing saved" if path is None
+                else f"compile cache: saved the warm-up's compile artifacts to {path}")
+    print(line, flush=True)
+    return line
 
 
 def default_steps(pipe, spec, steps: int | None) -> int:
@@ -145,6 +202,9 @@ def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan) -> BatchShap
     rows = plan.max_batch
     if rows <= 1:
         return None
+    if plan.stack.cache is not None:
+        print(f"  batching: off: {CACHED_UNBATCHED}", flush=True)
+        return None
     if not planner.takes_batch:
         print(f"  batching: off: {type(pipe).__name__} makes one image per call (no images-per-prompt argument)",
               flush=True)
@@ -161,22 +221,42 @@ def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan) -> BatchShap
     return shapes
 
 
-def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner,
-            sizes: list[tuple[int, int]], shapes: BatchShapes | None = None) -> dict[str, Any]:
+def warmup_plan(plan: ServerPlan, planner: RequestPlanner) -> WarmupPlan:
+    """What the start-up warms (:func:`~.startup_warmup.plan_warmup`: ``--warmup``, and what the stack adds); prints
+    what the stack changed."""
+    warming = plan_warmup(tuple(plan.warmup), (planner.default_width, planner.default_height), planner.default_steps,
+                          plan.stack)
+    for note in warming.notes:
+        print(f"  {note}", flush=True)
+    return warming
+
+
+def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, warming: WarmupPlan,
+            shapes: BatchShapes | None = None) -> dict[str, Any]:
     """Run the warm-up on the worker thread; print its report; its summary for ``/stats``."""
+    sizes = list(warming.sizes)
     if not sizes:
-        return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None}
-    method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else "server (2-step calls)"
-    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}) ...", flush=True)
+        return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None, "steps": None}
+    method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else f"server ({warming.steps}-step calls)"
+    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}, {warming.steps} steps) ...",
+          flush=True)
     try:
-        report = worker.submit(lambda: run_warmup(generator, planner, sizes, shapes)).result()
+        report = worker.submit(lambda: run_warmup(generator, planner, sizes, shapes, warming.steps)).result()
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
         raise Failure(1, f"error: warm-up failed: {type(exc).__name__}: {exc}") from exc
     print(str(report), flush=True)
     return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(float(report.total_s), 3),
-            "captures": int(report.captures), "method": method}
+            "captures": int(report.captures), "method": method, "steps": warming.steps,
+            "compiled_graphs": compiled_graphs()}
+
+
+def batching_off(plan: ServerPlan) -> str | None:
+    """Why ``--max-batch`` > 1 batches nothing on this server (``None`` where it may batch, or was not asked to)."""
+    if plan.max_batch > 1 and plan.stack.cache is not None:
+        return CACHED_UNBATCHED
+    return None
 
 
 def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: dict) -> dict[str, Any]:
@@ -187,6 +267,7 @@ def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: d
         "size": plan.size if plan.random_weights else "checkpoint",
         "pipeline": type(pipe).__name__, "device": str(device), "dtype": pipelines.dtype_name(plan.dtype),
         "bcg": plan.bcg and device.type == "cuda", "bcg_requested": plan.bcg, "compile": plan.compile,
+        "stack": {**plan.stack.as_dict(), "bcg": plan.bcg}, "batching_off": batching_off(plan),
         "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
         "max_queue": plan.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",

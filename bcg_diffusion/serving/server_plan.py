@@ -19,6 +19,7 @@ import torch
 
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, command_name, family_or_checkpoint
+from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
 from .adapter_options import lora_specs
 from .adapters import AdapterSpec
@@ -54,7 +55,9 @@ class ServerPlan:
       ``--no-resolution-binning``;
     - ``max_batch``, ``batch_window_ms``, ``batch_work_limit``: batching (``max_batch`` 1: off);
     - ``adapters``, ``lora_rank``, ``lora_gpu_slots``: the LoRA adapters served and their slots;
-    - ``compile``, ``bcg``: the speed-ups; ``injections``: prompt -> failure kind (testing only);
+    - ``stack``: the speed stack (``--quant``, ``--cache``, ``--compile``, ``--compile-cache``,
+      ``--attention-backend``, read by the parser ``bcg-generate`` shares), ``bcg``: BCG on top of it;
+      ``injections``: prompt -> failure kind (testing only);
     - ``api_key``: the key every route but ``/health`` needs (``None``: none); ``host``, ``port``: the address.
     """
 
@@ -79,12 +82,17 @@ class ServerPlan:
     adapters: tuple[AdapterSpec, ...]
     lora_rank: int | None
     lora_gpu_slots: int | None
-    compile: bool
+    stack: StackOptions
     bcg: bool
     injections: Mapping[str, str] = field(default_factory=dict)
     api_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
+
+    @property
+    def compile(self) -> bool:
+        """Whether the stack compiles (``--compile``)."""
+        return self.stack.compile
 
     @property
     def random_weights(self) -> bool:
@@ -109,6 +117,7 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     if spec is not None and args.no_resolution_binning:
         check_binning_flag(spec, parser)
     check_model(spec, args, warmup + ([default_size] if default_size else []), chosen, parser)
+    stack = read_stack(args, parser, family=spec.name if spec is not None else None, device=chosen)
     return ServerPlan(
         model=args.model, spec=spec, size=args.size, yes=args.yes, device=chosen,
         dtype=pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None,
@@ -116,7 +125,7 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
         warmup=tuple(warmup), max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n,
         max_queue=args.max_queue, resolution_binning=not args.no_resolution_binning, max_batch=args.max_batch,
         batch_window_ms=args.batch_window_ms, batch_work_limit=args.batch_work_limit, adapters=tuple(adapters),
-        lora_rank=args.lora_rank, lora_gpu_slots=args.lora_gpu_slots, compile=bool(args.compile), bcg=bool(args.bcg),
+        lora_rank=args.lora_rank, lora_gpu_slots=args.lora_gpu_slots, stack=stack, bcg=bool(args.bcg),
         injections=injections, api_key=key, host=args.host, port=args.port)
 
 

@@ -10,6 +10,11 @@ Both run in the grad mode of the server's calls, on the worker thread.
 With batching (:mod:`.batching`), a size whose calls are batched is warmed at its batch shape: a list of
 ``--max-batch`` prompts with one image each, as every batched call of that size runs, so its requests replay
 whatever their ``n`` or their batch. Sizes of different shapes are warmed in one library call per shape.
+
+The speed stack decides what is warmed and how long (:func:`plan_warmup`): with a step cache each warm-up call runs
+the default step count (a cache reuses only after its own first steps, and a cached step may call a block at a
+layout a computed step never makes: a new graph or compilation); with ``--compile`` or ``--cache`` and no
+``--warmup`` the default size is warmed, so that requests of that size neither capture nor compile.
 """
 
 from __future__ import annotations
@@ -30,11 +35,40 @@ from .worker import ImageGenerator, request_grad_mode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "ServerWarmupReport", "WarmupShape", "run_warmup", "warmup_call"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "ServerWarmupReport", "WarmupPlan", "WarmupShape", "plan_warmup",
+           "run_warmup", "warmup_call"]
 
 WARMUP_STEPS = 2
 #: Keys of a request's call that the warm-up sets per shape (or leaves to the warm-up's default).
 PER_SHAPE_KEYS = ("height", "width", "num_inference_steps")
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """What the start-up warms: ``sizes`` (``(width, height)``), ``steps`` per warm-up call, and ``notes``: the
+    lines that say what the stack changed (none when it changed nothing)."""
+
+    sizes: tuple[tuple[int, int], ...]
+    steps: int = WARMUP_STEPS
+    notes: tuple[str, ...] = ()
+
+
+def plan_warmup(sizes: tuple[tuple[int, int], ...], default_size: tuple[int, int], default_steps: int,
+                stack) -> WarmupPlan:
+    """The warm-up of a server with ``--warmup`` ``sizes``, its default request (``default_size``,
+    ``default_steps``) and its speed stack (a :class:`~bcg_diffusion.toolkit.stack_options.StackOptions`)."""
+    notes = []
+    if not sizes and (stack.compile or stack.cache is not None):
+        sizes = (default_size,)
+        notes.append(f"warm-up: no --warmup given; the stack ({stack.describe()}) compiles or caches steps, so the "
+                     f"default size {default_size[0]}x{default_size[1]} is warmed before listening")
+    steps = WARMUP_STEPS
+    if stack.cache is not None and sizes:
+        steps = default_steps
+        notes.append(f"warm-up: {steps} steps per size (the default step count), as the step cache "
+                     f"({stack.cache.text}) reuses only after its first steps and a cached step may need graphs or "
+                     "compiled code a computed step does not")
+    return WarmupPlan(tuple(sizes), steps, tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -107,33 +141,35 @@ def _captures(pipe) -> int:
     return stats.captures
 
 
-def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], shapes=None):
-    """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``), each at the
-    rows its calls run (``shapes``: a :class:`.batching.BatchShapes`; ``None``: 1); returns the library's report
-    or a :class:`ServerWarmupReport` (a :class:`CombinedWarmupReport` of them for sizes of several batch shapes).
-    Call it on the worker thread."""
+def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], shapes=None,
+               steps: int = WARMUP_STEPS):
+    """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``) with calls of
+    ``steps`` steps, each at the rows its calls run (``shapes``: a :class:`.batching.BatchShapes`; ``None``: 1);
+    returns the library's report or a :class:`ServerWarmupReport` (a :class:`CombinedWarmupReport` of them for sizes
+    of several batch shapes). Call it on the worker thread."""
     groups: dict[int, list[tuple[int, int]]] = {}
     for width, height in sizes:
         job = planner.default_job(width, height)  # the same checks as a request of that size
         rows = shapes.rows_of(job) if shapes is not None else 1
         groups.setdefault(rows, []).append((width, height))
-    reports = [_warm(generator, planner, group, rows) for rows, group in groups.items()]
+    reports = [_warm(generator, planner, group, rows, steps) for rows, group in groups.items()]
     return reports[0] if len(reports) == 1 else CombinedWarmupReport(reports)
 
 
-def _warm(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], rows: int):
+def _warm(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], rows: int, steps: int):
     pipe = generator.pipe
     call = warmup_call(planner, *sizes[0], rows=rows)
     library_warmup = getattr(bcg_diffusion, "warmup", None)
     try:
         with request_grad_mode():
             if library_warmup is not None:
-                return library_warmup(pipe, [dict(height=h, width=w) for w, h in sizes], **call)
-            report = ServerWarmupReport()
+                extra = {} if steps == WARMUP_STEPS else {"num_inference_steps": steps}  # else the library's default
+                return library_warmup(pipe, [dict(height=h, width=w) for w, h in sizes], **extra, **call)
+            report = ServerWarmupReport(steps=steps)
             for width, height in sizes:
                 before = _captures(pipe)
                 start = time.perf_counter()
-                pipe(**call, height=height, width=width, num_inference_steps=WARMUP_STEPS,
+                pipe(**call, height=height, width=width, num_inference_steps=steps,
                      generator=generator.generator(0))
                 if generator.device.type == "cuda":
                     torch.cuda.synchronize(generator.device)

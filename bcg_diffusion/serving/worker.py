@@ -22,6 +22,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.stack import compiled_graphs
 from bcg_pipelines.calls import BATCH_KWARGS
 
 from .png import to_pil_images
@@ -171,8 +172,9 @@ class ImageGenerator:
     """Runs :class:`GenerationJob` on the pipeline: call this only from the worker thread.
 
     Each call gets its own ``torch.Generator(device).manual_seed(job.seed)``, so an image depends only on
-    its request. After a failure the pipeline is left as it is (every diffusers call resets its scheduler
-    and per-call state); after an out-of-memory error the CUDA cache is emptied as well. The BCG stats are
+    its request (with a step cache, ``before_call`` resets its state first: a call that failed half-way leaves
+    it). After a failure the pipeline is left as it is (every diffusers call resets its scheduler and per-call
+    state); after an out-of-memory error the CUDA cache is emptied as well. The BCG stats are
     snapshotted after every call (``bcg_stats``), so the event loop never reads them while a call changes them.
     """
 
@@ -187,9 +189,12 @@ class ImageGenerator:
         self.adapters = None  # an adapters.AdapterBank when the server serves LoRA adapters (attach_adapters)
         self.bcg_stats: dict[str, Any] | None = stats_dict(pipe)
         self.adapter_stats: dict[str, Any] | None = None
+        self.compiled_graphs = compiled_graphs()  # torch.compile's graphs in this process, as of the last call
+        self.before_call: Callable[[], None] | None = None  # run before every pipeline call (a step cache's reset)
 
     def refresh_stats(self) -> None:
         self.bcg_stats = stats_dict(self.pipe)
+        self.compiled_graphs = compiled_graphs()
         if self.adapters is not None:
             self.adapter_stats = self.adapters.stats(self.bcg_stats)
 
@@ -247,6 +252,8 @@ class ImageGenerator:
                 if len({(j.adapter, j.adapter_scale) for j in jobs}) != 1:
                     raise ValueError("requests for different adapters or scales cannot share a pipeline call")
                 self.adapters.select(jobs[0].adapter, jobs[0].adapter_scale, requests=len(jobs))
+            if self.before_call is not None:
+                self.before_call()
             with request_grad_mode():
                 output = call()
             return to_pil_images(pipelines.generated(output)), time.perf_counter() - start

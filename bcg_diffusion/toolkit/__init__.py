@@ -8,6 +8,9 @@ one job per module, importing no command.
 - :mod:`.cache_spec`: a ``--cache`` value read once into a :class:`~.cache_spec.CacheSpec`;
   :mod:`.cache_recipes`: the registry of step-cache recipes; :mod:`.cache_option`: a cache on a built pipeline.
 - :mod:`.quant_option`: ``--quant NAME`` (torchao).
+- :mod:`.stack_options`: the speed stack on the command line (``--quant``, ``--cache``, ``--compile``,
+  ``--compile-cache``, ``--attention-backend``), one parser for ``bcg-generate`` and ``bcg-serve``, read into a
+  :class:`~.stack_options.StackOptions`; :mod:`.stack`: that stack applied to a built pipeline, layer by layer.
 - :mod:`.timed_run`: one timed ``pipe(...)`` call (per-step times, the size the transformer ran).
 - :mod:`.media`: writing images and videos, checking ``--out``.
 
