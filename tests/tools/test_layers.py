@@ -114,15 +114,32 @@ def command_problem(source_module: str, target: str, packages: set[str]) -> str 
 
 
 def public_names(root: Path) -> dict[str, set[str]]:
-    """``__all__`` of each public module, read from its source."""
+    """``__all__`` of each public module, read from its source: a literal list, or made from a dict or list
+    literal of the module (``__all__ = sorted(_EXPORTS)``)."""
     names = {}
     for module in PUBLIC_MODULES:
         path = root / Path(*module.split(".")) / "__init__.py"
-        names[module] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-                names[module] = set(ast.literal_eval(node.value))
+        literals, names[module] = {}, set()
+        for node in ast.parse(path.read_text()).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) else None
+            if not isinstance(target, ast.Name) or node.value is None:
+                continue
+            if target.id == "__all__":
+                names[module] = _names_of(node.value, literals)
+            else:
+                try:
+                    literals[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
     return names
+
+
+def _names_of(value: ast.expr, literals: dict) -> set[str]:
+    """The names an ``__all__`` expression lists: a literal, or ``sorted(X)`` / ``list(X)`` of a literal ``X``."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", None) in ("sorted", "list") and len(value.args) == 1 \
+            and isinstance(value.args[0], ast.Name):
+        return set(literals[value.args[0].id])
+    return set(ast.literal_eval(value))
 
 
 def absolute(source: Source, node: ast.ImportFrom) -> str:
@@ -417,6 +434,16 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 def test_a_clean_small_tree_has_no_violations(tmp_path):
     assert layer_violations(_tree(tmp_path, {})) == []
+
+
+def test_public_names_are_read_from_the_one_list_the_package_makes_its_all_from(tmp_path):
+    init = ('_EXPORTS: dict[str, str | None] = {"accelerate_pipeline": ".accelerate", "__version__": None}\n'
+            "__all__ = sorted(_EXPORTS)\n")
+    root = _tree(tmp_path, {"bcg_diffusion/__init__.py": init})
+    assert public_names(root)["bcg_diffusion"] == {"accelerate_pipeline", "__version__"}
+    assert layer_violations(root) == []
+    (root / "bcg_diffusion/cli/generate.py").write_text("from bcg_diffusion import get_stats\n\ndef main():\n    pass\n")
+    assert any("get_stats is not in bcg_diffusion.__all__" in v for v in layer_violations(root))
 
 
 def test_circles_are_the_loops_of_the_import_graph():
