@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str | None] = {
     "BCGStats": ".stats",
     "GraphEntryStats": ".stats",
     "CachePasses": ".step_caches",
+    "STEP_CACHE_HOOK_NAMES": ".step_caches",
     "count_cache_passes": ".step_caches",
     "WarmedShape": ".warmup",
     "WarmupReport": ".warmup",
