@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_layouts, failures
-from .breaks import attention
+from . import attention_layouts
+from .breaks import attention, narrowing
 from ..config import BCGConfig
 from ..errors import BCGCaptureWarning
 from ..core.capture import BreakableCUDAGraphCapture
@@ -200,11 +200,11 @@ def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
         logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
         return None
     narrowed = attempts.narrowed
-    action, where = _narrow_safely(ctx, exc, narrowed)
+    action, where = narrowing.narrow_safely(ctx, exc, narrowed)
     attempts.first_failure = attempts.first_failure or f"{where} ({op})"
     elapsed = time.perf_counter() - attempts.start
     also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
-    if action is MODULE_MODE:
+    if action is narrowing.MODULE_MODE:
         ctx.warn(
             f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
             "each call of its blocks and other submodules replays a graph of its own (module mode)."
@@ -252,9 +252,6 @@ def _captured(
                       phases=phases)
 
 
-MODULE_MODE = "module mode"
-
-
 def _generators_kept(debug: bool, static: list) -> Any:
     """In debug mode, torch's generators as they were after the capture run, as after a real capture
     (which draws no numbers: its replays do), so that the replay after it draws what an eager call would."""
@@ -262,65 +259,6 @@ def _generators_kept(debug: bool, static: list) -> Any:
         return contextlib.nullcontext()
     devices = sorted({t.device.index or 0 for t in static if isinstance(t, torch.Tensor) and t.is_cuda})
     return torch.random.fork_rng(devices=devices)
-
-
-def _narrow_safely(ctx: CaptureContext, exc: BaseException, narrowed: list[str]) -> tuple[str | None, str]:
-    """:func:`_narrow` on the units where ``exc`` was raised, and where that was (" in ..." or "").
-    Whatever goes wrong while narrowing ends it (``None``: the key runs eagerly): handling a failed
-    capture never raises into the caller's call."""
-    where = ""
-    try:
-        sites = failures.locate(exc, ctx.transformer)
-        if sites:
-            where = f" in {sites[0].describe()}"
-        return _narrow(ctx, sites, narrowed), where
-    except Exception as problem:  # noqa: BLE001 - a capture failure must never become the caller's error
-        logger.warning("bcg: narrowing after a failed capture of %s did not work (%s: %s); the key runs eagerly",
-                       type(ctx.module).__name__, type(problem).__name__, problem, exc_info=True)
-        return None, where
-
-
-def _narrow(ctx: CaptureContext, sites: list[failures.FailureSite], narrowed: list[str]) -> str | None:
-    """Make the innermost unit of ``sites`` (see :func:`failures.locate`) that is not eager yet an eager
-    break; returns its label, :data:`MODULE_MODE` when the failure is in the transformer's own forward,
-    or ``None`` when nothing smaller than the captured module can run eagerly (or the narrowing limit
-    is reached)."""
-    if len(narrowed) >= ctx.config.max_narrowing:
-        return None
-    eager = ctx.eager_modules
-    root = ctx.transformer
-    captured_path = next((n for n, m in root.named_modules() if m is ctx.module), "")
-    for site in sites:
-        if site.kind == "root" or (site.kind == "module" and site.path == captured_path):
-            return MODULE_MODE if ctx.module is root else None
-        if site.kind == "module" and site.path not in eager.names:
-            return _make_module_eager(eager, root, site)
-        if site.kind == "method" and f"{site.path + '.' if site.path else ''}{site.name}()" not in eager.names:
-            return _make_method_eager(eager, root, site)
-    return None
-
-
-def _make_module_eager(eager: EagerModules, root: torch.nn.Module, site: failures.FailureSite) -> str:
-    """The module at ``site.path`` runs as an eager break; when another module of its class (by
-    identity) already does, every module of the class does."""
-    if not eager.module_paths(site.owner_type):
-        eager.add(root, site.path)
-        return site.path
-    paths = [p for p in failures.instances_of(root, site.owner_type) if p not in eager.names]
-    for path in paths:
-        eager.add(root, path)
-    return f"every {site.owner_class} ({len(eager.module_paths(site.owner_type))} modules)"
-
-
-def _make_method_eager(eager: EagerModules, root: torch.nn.Module, site: failures.FailureSite) -> str:
-    """Method ``site.name`` of the module at ``site.path`` runs as an eager break; when it already
-    does in another module of the class (by identity: every MoE block, say), in every module of it."""
-    if not eager.method_paths(site.owner_type, site.name):
-        return eager.add_method(root, site.path, site.name)
-    instances = failures.instances_of(root, site.owner_type) if site.path else []
-    for path in [p for p in instances if f"{p}.{site.name}()" not in eager.names] or [site.path]:
-        eager.add_method(root, path, site.name)
-    return f"{site.name}() of every {site.owner_class} ({len(eager.method_paths(site.owner_type, site.name))} modules)"
 
 
 def describe_failure(exc: BaseException) -> str:
