@@ -1,5 +1,5 @@
-"""Capturing one graph key with narrowing on failure, the :class:`GraphEntry` a capture makes, and
-:class:`Captures`: what one runner's captures share."""
+"""Capturing one graph key with narrowing on failure (:mod:`.breaks.narrowing`), which makes a
+:class:`~.entry_kinds.GraphEntry` of one kind, and :class:`Captures`: what one runner's captures share."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
 from ..stats import CallCounters
 from .breaks.eager_modules import EagerModules
+from .entry_kinds import CapturedGraph, DebugRun, EagerFallback, GraphEntry, ModuleModeEntry
 from .keys import Call, GraphKey
 
 logger = logging.getLogger("bcg_diffusion")
@@ -31,76 +32,6 @@ logger = logging.getLogger("bcg_diffusion")
 # calls out of captures: a device-wide synchronisation invalidates any capture). Replays and eager
 # work in other threads go on (captures use capture_error_mode="thread_local").
 capture_lock = threading.RLock()
-
-
-@dataclass(eq=False)
-class GraphEntry:
-    """What one capture made: the graph, its static inputs and outputs, or why it failed
-    (``fallback``); its counters. ``module_mode``: the capture failed in the transformer's own
-    forward, which now runs eagerly while its units replay (:mod:`.module_mode`)."""
-
-    graph: BreakableCUDAGraph | None
-    static_inputs: list[torch.Tensor]
-    outputs: Any
-    fallback: str | None = None
-    capture_time_s: float = 0.0
-    memory_bytes: int = 0
-    hits: int = 0
-    eager_modules: list[str] = field(default_factory=list)
-    debug_inputs: tuple | None = None  # debug mode: the static (args, kwargs) the forward reruns on
-    module_mode: bool = False
-    borrowed: frozenset[int] = frozenset()  # static inputs read in place (a unit's input that is an earlier unit's output)
-    # host seconds of the capture by phase (see :func:`capture_entry`); the runner adds "static_inputs",
-    # "key" and "first_replay"
-    phases: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def segments(self) -> int:
-        return self.graph.num_segments if self.graph is not None else 0
-
-    @property
-    def breaks(self) -> int:
-        return self.graph.num_breaks if self.graph is not None else 0
-
-    def fill(self, live: list[torch.Tensor]) -> bool:
-        """Copy the live input tensors into the static inputs (those not already the same view);
-        False, leaving the rest, when a borrowed one is not: the call must then run eagerly."""
-        for i, (static, tensor) in enumerate(zip(self.static_inputs, live)):
-            if _same_view(static, tensor):
-                continue
-            if i in self.borrowed:
-                return False
-            static.copy_(tensor)
-        return True
-
-    def replay(self, forward: Callable, attention_policy: str) -> Any:
-        """Replay the graph (its static inputs filled); returns its outputs (the graph's buffers).
-        A debug-mode entry runs ``forward`` again on its static inputs, through the same breaks and
-        bridge copies."""
-        if self.debug_inputs is not None:
-            s_args, s_kwargs = self.debug_inputs
-            with attention.policy(attention_policy), BreakableCUDAGraphCapture(self.graph, debug=True):
-                return forward(*s_args, **s_kwargs)
-        self.graph.replay()
-        return self.outputs
-
-    def fall_back(self, reason: str) -> None:
-        """From now on the key runs eagerly: a capture that worked (or made module mode) is released."""
-        if self.fallback is None:
-            self.release()
-        self.fallback = reason
-        self.module_mode = False
-
-    def release(self) -> None:
-        if self.graph is not None:
-            self.graph.reset()
-        self.graph = None
-        self.static_inputs = []
-        self.outputs = None
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())
 
 
 @dataclass
@@ -209,14 +140,13 @@ def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
             f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
             "each call of its blocks and other submodules replays a graph of its own (module mode)."
         )
-        return GraphEntry(None, [], None, capture_time_s=elapsed, eager_modules=narrowed, module_mode=True,
-                          phases={"retries": attempts.failed_s})
+        return ModuleModeEntry(capture_time_s=elapsed, eager_modules=narrowed, phases={"retries": attempts.failed_s})
     if action is None:
         ctx.warn(
             f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
             "module in BCGConfig.eager_modules, or use debug=True to investigate."
         )
-        return GraphEntry(None, [], None, fallback=op, capture_time_s=elapsed)
+        return EagerFallback(reason=op, capture_time_s=elapsed)
     narrowed.append(action)
     logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
     return None
@@ -236,9 +166,9 @@ def _captured(
         )
     recorded = time.perf_counter()
     if attempts.ctx.config.debug:
-        return GraphEntry(
-            graph, static, None, capture_time_s=recorded - start, eager_modules=narrowed, debug_inputs=static_call,
-            phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
+        return DebugRun(
+            graph=graph, static_inputs=static, static_call=static_call, capture_time_s=recorded - start,
+            eager_modules=narrowed, phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
         )
     memory = max(_reserved_bytes(static) - reserved_before, 0) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
@@ -248,8 +178,8 @@ def _captured(
     if failed_s:
         phases["retries"] = failed_s
     logger.debug("bcg: captured %s: %r in %.3f s (%s)", key.summary(), graph, elapsed, phases)
-    return GraphEntry(graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
-                      phases=phases)
+    return CapturedGraph(graph=graph, static_inputs=static, outputs=outputs, capture_time_s=elapsed, memory_bytes=memory,
+                         eager_modules=narrowed, phases=phases)
 
 
 def _generators_kept(debug: bool, static: list) -> Any:
@@ -337,9 +267,9 @@ class Captures:
             root=root, pool=pool,
         )
         entry = capture_entry(self.events.capturing(ctx), key, call.tensors, call.args, call.kwargs, layouts)
-        self.events.captured(entry)
-        if entry.fallback is not None:
+        entry = self.events.captured(entry)
+        if isinstance(entry, EagerFallback):
             self.counts.failed_captures += 1
-        elif not entry.module_mode:
+        elif isinstance(entry, CapturedGraph):
             self.counts.captures += 1
         return entry

@@ -55,8 +55,8 @@ class RunnerWatcher:
     def capturing(self, ctx: Any) -> Any:
         return ctx
 
-    def captured(self, entry: Any) -> None:
-        pass
+    def captured(self, entry: Any) -> Any:
+        return entry
 
     def replay_failed(self, exc: BaseException) -> None:
         pass
@@ -120,9 +120,12 @@ class RunnerEvents:
             ctx = watcher.capturing(ctx)
         return ctx
 
-    def captured(self, entry: Any) -> None:
+    def captured(self, entry: Any) -> Any:
+        """The entry the runner keeps: each watcher's answer in turn (``None``: the entry as it was)."""
         for watcher in self.watchers():
-            watcher.captured(entry)
+            kept = watcher.captured(entry)
+            entry = entry if kept is None else kept
+        return entry
 
     def replay_failed(self, exc: BaseException) -> None:
         for watcher in self.watchers():

@@ -12,7 +12,10 @@ from bcg_diffusion.integration import entries, failures
 from bcg_diffusion.integration.breaks import narrowing
 from bcg_diffusion.integration.breaks.eager_modules import EagerModules
 from bcg_diffusion.integration.keys import HostTensor, ObjectState, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.integration.entry_kinds import EagerFallback
+from bcg_diffusion.integration.events import RunnerEvents
 from bcg_diffusion.integration.module_mode import UnitGraphs, replay_units
+from bcg_diffusion.integration.replays import Replayer
 
 host_value = helpers.host_value
 
@@ -287,11 +290,12 @@ def test_module_mode_runs_units_through_their_slots_and_restores_them():
 
     def capture(module, call, key, layouts, pool):
         captured.append(dict(key.state)["module_mode_unit"])
-        return entries.GraphEntry(None, call.tensors, None, fallback="no CUDA here")
+        return EagerFallback(reason="no CUDA here")
 
     units = replay_units(model, spine=set(), skip={"rope"})
     assert [p for p, _ in units] == ["blocks.0", "blocks.1"]  # leaf modules ("out", a Linear) run eagerly
-    graphs = UnitGraphs(units, capture, BCGConfig(warmup_iters=1), reason="test", device_type="cpu")
+    replayer = Replayer(RunnerEvents(), lambda message: None, "break")
+    graphs = UnitGraphs(units, capture, BCGConfig(warmup_iters=1), replayer=replayer, reason="test", device_type="cpu")
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # first calls: eager, layouts recorded
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # then each slot is captured once
     assert captured == ["blocks.0", "blocks.1"]
