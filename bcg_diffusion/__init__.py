@@ -46,6 +46,8 @@ _EXPORTS: dict[str, str | None] = {
     "RankOutOfStepError": ".errors",
     "RankTimeoutError": ".errors",
     "UnknownTransformerError": ".errors",
+    "RunnerWatcher": ".integration.events",
+    "watch_every_runner": ".integration.events",
     "KNOWN_TRANSFORMERS": ".families",
     "BCGStats": ".stats",
     "GraphEntryStats": ".stats",

@@ -162,9 +162,11 @@ class GraphRunner:
 
     def _eager(self, call: Call, reason: str | None) -> Any:
         self.counts.eager_calls += 1
-        if reason is not None and reason not in self._warned:
-            self._warned.add(reason)
-            logger.info("bcg: %s runs eagerly: %s", type(self.module).__name__, reason)
+        if reason is not None:
+            self.events.ran_eagerly(reason)
+            if reason not in self._warned:
+                self._warned.add(reason)
+                logger.info("bcg: %s runs eagerly: %s", type(self.module).__name__, reason)
         return call.run()
 
     def _replay(self, slot: Slot, call: Call) -> Any:
