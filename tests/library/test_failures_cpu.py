@@ -305,6 +305,24 @@ def test_module_mode_runs_units_through_their_slots_and_restores_them():
     assert all("_call_impl" not in m.__dict__ for m in model.modules())
 
 
+def test_module_mode_captures_a_unit_on_static_inputs_with_the_live_strides():
+    model = Model()
+    gapped = torch.randn(2, 8)[:, ::2]  # a gapped view (a slice): its buffer keeps the gaps, as static_copy does
+    strides = []
+
+    def capture(module, call, key, layouts, pool):
+        strides.append([(t.stride(), t.data_ptr() != gapped.data_ptr()) for t in call.tensors])
+        return EagerFallback(reason="no CUDA here")
+
+    graphs = UnitGraphs([("blocks.0", model.blocks[0])], capture, BCGConfig(warmup_iters=1),
+                        replayer=Replayer(RunnerEvents(), lambda message: None, "break"), reason="test",
+                        fresh_outputs=True, device_type="cpu")
+    forward = lambda x: model.blocks[0](x)  # noqa: E731 - the transformer's own Python, calling the unit
+    for _ in range(2):
+        graphs.run(forward, (gapped,), {})
+    assert strides == [[(gapped.stride(), True)]]  # a copy, with the live (2, 8)-gapped strides
+
+
 def test_replay_units_follow_the_eager_spine_and_skip_leaves_and_hooked_modules():
     model = Model()
     assert [p for p, _ in replay_units(model, spine={"blocks.0"}, skip=set())] == ["blocks.1"]  # blocks.0 runs eagerly, its Linear too
