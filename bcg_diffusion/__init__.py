@@ -19,8 +19,12 @@ __version__ = "0.1.0"
 
 quiet_known_messages()  # before diffusers is imported through this package (known_messages.py says which, and why)
 
-#: Every public name and the submodule that defines it.
-_EXPORTS = {
+#: Every public name (the one list: ``__all__`` is made from it) and the submodule that defines it; ``None``
+#: for a name defined in this file.
+_EXPORTS: dict[str, str | None] = {
+    "__version__": None,
+    "install_attention_breaks": None,
+    "quiet_known_messages": None,
     "accelerate_pipeline": ".accelerate",
     "accelerate_transformer": ".accelerate",
     "clear_graphs": ".accelerate",
@@ -42,10 +46,13 @@ _EXPORTS = {
     "RankOutOfStepError": ".errors",
     "RankTimeoutError": ".errors",
     "UnknownTransformerError": ".errors",
+    "RunnerWatcher": ".integration.events",
+    "watch_every_runner": ".integration.events",
     "KNOWN_TRANSFORMERS": ".families",
     "BCGStats": ".stats",
     "GraphEntryStats": ".stats",
     "CachePasses": ".step_caches",
+    "STEP_CACHE_HOOK_NAMES": ".step_caches",
     "count_cache_passes": ".step_caches",
     "WarmedShape": ".warmup",
     "WarmupReport": ".warmup",
@@ -69,40 +76,7 @@ def install_attention_breaks(transformer):
     return attention.install(transformer)
 
 
-__all__ = [
-    "AccelerationError",
-    "BCGCaptureWarning",
-    "BCGConfig",
-    "BCGStats",
-    "BreakOutputMismatchError",
-    "CachePasses",
-    "CompileCache",
-    "CudaRuntimeError",
-    "GraphEntryStats",
-    "KNOWN_TRANSFORMERS",
-    "RankAbortedError",
-    "RankAgreementError",
-    "RankDisagreementError",
-    "RankOutOfStepError",
-    "RankTimeoutError",
-    "UnknownTransformerError",
-    "WarmedShape",
-    "WarmupReport",
-    "__version__",
-    "accelerate_pipeline",
-    "accelerate_transformer",
-    "clear_graphs",
-    "count_cache_passes",
-    "eager_on_graph",
-    "get_current_replay_token",
-    "get_stats",
-    "install_attention_breaks",
-    "is_accelerated",
-    "quiet_known_messages",
-    "remove_acceleration",
-    "use_compile_cache",
-    "warmup",
-]
+__all__ = sorted(_EXPORTS)
 
 
 _resolved: set[str] = set()  # the public names bound in the package so far

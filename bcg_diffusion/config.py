@@ -36,11 +36,12 @@ class BCGConfig:
             from the closest captured key.
         eager_modules: qualified names (``"transformer_blocks.3"``) or class names of
             submodules that run as eager breaks of their own.
-        allow_unknown: classes outside ``KNOWN_TRANSFORMERS``: ``None`` (default) takes every
-            diffusers model class on the generic path (breaks at ``dispatch_attention_fn`` and
-            ``scaled_dot_product_attention``; verified bitwise on every diffusion transformer class
-            of diffusers 0.42.1) and refuses other modules; ``True`` takes any module; ``False``
-            only the known classes.
+        allow_unknown: which modules are taken: ``None`` (default) takes every diffusers model
+            class, those outside ``KNOWN_TRANSFORMERS`` (the classes with per-class knowledge) on the
+            generic path (breaks at ``dispatch_attention_fn`` and ``scaled_dot_product_attention``;
+            verified bitwise on every diffusion transformer class of diffusers 0.42.1), and refuses
+            other modules; ``True`` takes any module; ``False`` only the classes of
+            ``KNOWN_TRANSFORMERS``.
         max_narrowing: after a failed capture, how many parts may be made eager breaks of their
             own (one per retry: the innermost module, or method of one, that was running where the
             host work happened, found from the failure's frames; a second failing instance of a

@@ -1,7 +1,8 @@
-"""What the integration knows about each supported transformer class, by class name.
+"""What the integration knows about particular transformer classes, by class name.
 
 The library knows no family names: which model families exist, and the transformer class each one runs, is
-``bcg_pipelines``' (``bcg_pipelines.families.FAMILIES``).
+``bcg_pipelines``' (``bcg_pipelines.families.FAMILIES``, the one list of them; the two packages import nothing of
+each other). Here are only the classes that need something the generic path does not do.
 """
 
 from __future__ import annotations
@@ -37,25 +38,18 @@ class TransformerInfo:
     eager_functions: tuple[str, ...] = ()
 
 
+#: The transformer classes the library knows something particular about, and what. Every other diffusers model
+#: class runs on the generic path with an empty :class:`TransformerInfo` (which classes were verified:
+#: :data:`ZOO_VERIFIED`). The model families and the class each runs are ``bcg_pipelines.families.FAMILIES``, the
+#: one list of them: an entry here is per-class knowledge, never a family.
 KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
-    "FluxTransformer2DModel": TransformerInfo(),
-    "SD3Transformer2DModel": TransformerInfo(),
-    "PixArtTransformer2DModel": TransformerInfo(),
-    "SanaTransformer2DModel": TransformerInfo(),
-    "WanTransformer3DModel": TransformerInfo(),
     "QwenImageTransformer2DModel": TransformerInfo(
         text_kwarg="encoder_hidden_states",
         text_mask_kwarg="encoder_hidden_states_mask",
         # with a text mask it calls torch.as_tensor(<python int>, device=cuda): a host copy
         eager_functions=("compute_text_seq_len_from_mask",),
     ),
-    "HunyuanVideoTransformer3DModel": TransformerInfo(),
-    "LTXVideoTransformer3DModel": TransformerInfo(),
-    "CogVideoXTransformer3DModel": TransformerInfo(),
     "Lumina2Transformer2DModel": TransformerInfo(value_keyed=("encoder_attention_mask",)),
-    "ZImageTransformer2DModel": TransformerInfo(),
-    "ChromaTransformer2DModel": TransformerInfo(),
-    "Flux2Transformer2DModel": TransformerInfo(),
 }
 
 
@@ -74,11 +68,11 @@ def _is_diffusers_model(module: torch.nn.Module) -> bool:
 
 
 def transformer_info(module: torch.nn.Module, allow_unknown: bool | None) -> TransformerInfo:
-    """Knowledge for ``module``'s class, or a generic entry.
+    """Knowledge for ``module``'s class, or the generic (empty) entry.
 
-    ``allow_unknown``: ``None`` (default) takes any diffusers model class on the generic path (with
-    one log line) and refuses other modules; ``True`` takes any module; ``False`` only the classes of
-    :data:`KNOWN_TRANSFORMERS`. Raises :class:`UnknownTransformerError` for a refused class.
+    ``allow_unknown``: ``None`` (default) takes any diffusers model class (one log line for a class on
+    the generic path) and refuses other modules; ``True`` takes any module; ``False`` only the classes
+    of :data:`KNOWN_TRANSFORMERS`. Raises :class:`UnknownTransformerError` for a refused class.
     """
     name = type(module).__name__
     info = KNOWN_TRANSFORMERS.get(name)
@@ -88,16 +82,16 @@ def transformer_info(module: torch.nn.Module, allow_unknown: bool | None) -> Tra
         if name not in _logged:
             _logged.add(name)
             logger.info(
-                "bcg: %s has no per-class entry; it runs on the generic path (breaks at dispatch_attention_fn and "
-                "scaled_dot_product_attention, narrowing and module mode where it does host work), verified on %s",
-                name, ZOO_VERIFIED,
+                "bcg: %s runs on the generic path (breaks at dispatch_attention_fn and scaled_dot_product_attention, "
+                "narrowing and module mode where it does host work), verified on %s", name, ZOO_VERIFIED,
             )
         return TransformerInfo()
     known = ", ".join(sorted(KNOWN_TRANSFORMERS))
-    what = "is not a diffusers model class" if allow_unknown is None else "is not one of the known classes"
+    what = ("is not a diffusers model class" if allow_unknown is None
+            else f"is not one of the classes with per-class knowledge ({known}), which allow_unknown=False limits it to")
     raise UnknownTransformerError(
-        f"bcg-diffusion does not take the transformer class {name}: it {what}. Known: {known}; any diffusers "
-        "model class is taken by default. To try the generic path (breaks at dispatch_attention_fn and "
-        "scaled_dot_product_attention) on it, pass BCGConfig(allow_unknown=True) and compare with eager output "
-        "(BCGConfig(debug=True) helps)."
+        f"bcg-diffusion does not take the transformer class {name}: it {what}. Every diffusers model class is taken "
+        "by default (allow_unknown=None). To try the generic path (breaks at dispatch_attention_fn and "
+        "scaled_dot_product_attention) on another module, pass BCGConfig(allow_unknown=True) and compare with eager "
+        "output (BCGConfig(debug=True) helps)."
     )

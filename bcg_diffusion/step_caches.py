@@ -20,6 +20,11 @@ from .integration.model_state import STEP_CACHE_HOOKS, diffusers_hook_names
 
 _COUNTER_HOOK = "bcg_pass_counter"
 
+#: The class names of diffusers' step-cache hooks (FirstBlockCache, MagCache, TaylorSeer, PyramidAttentionBroadcast,
+#: FasterCache): their Python runs on every call while the modules they guard replay. The one list, kept with
+#: what the library does with each (``integration/model_state.py``); the toolkit removes and resets these hooks.
+STEP_CACHE_HOOK_NAMES: tuple[str, ...] = tuple(STEP_CACHE_HOOKS)
+
 
 @dataclass
 class CachePasses:
@@ -40,7 +45,7 @@ def cached_modules(transformer: torch.nn.Module) -> list[torch.nn.Module]:
     """Submodules carrying a diffusers step-cache hook."""
     return [
         m for name, m in transformer.named_modules()
-        if name and any(h in STEP_CACHE_HOOKS for h in diffusers_hook_names(m))
+        if name and any(h in STEP_CACHE_HOOK_NAMES for h in diffusers_hook_names(m))
     ]
 
 

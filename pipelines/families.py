@@ -1,8 +1,9 @@
 """The supported model families: name -> the diffusers transformer class each one runs, in registry order.
 
-This is the one list of families. A family is an entry here plus a module ``bcg_pipelines/family_specs/<name>.py``;
-the library keys what it knows per transformer class (``bcg_diffusion.KNOWN_TRANSFORMERS``) and knows no family
-names. ``tests/tools/test_consistency.py`` checks that the two, the spec modules and the README agree.
+This is the one list of families and of the transformer classes they run. A family is an entry here plus a module
+``bcg_pipelines/family_specs/<name>.py``; the library knows no family names and lists only the classes it knows
+something particular about (``bcg_diffusion.KNOWN_TRANSFORMERS``). ``tests/tools/test_consistency.py`` checks that
+this list, the spec modules and the README agree.
 """
 
 from __future__ import annotations

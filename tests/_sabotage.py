@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from bcg_diffusion.core.graph import _Segment
 from bcg_diffusion.core.replay_token import replay_token_scope
+from bcg_diffusion.integration.entry_kinds import CapturedGraph, DebugRun
 from bcg_diffusion.integration.events import RunnerWatcher, watch_every_runner
 
 ENV_SABOTAGE = "BCG_DIFFUSION_TEST_SABOTAGE"
@@ -46,14 +47,14 @@ class Sabotage(RunnerWatcher):
             raise ValueError(f"sabotage mode {mode!r}: use one of {', '.join(MODES)}")
         self.mode = mode
 
-    def captured(self, entry: Any) -> None:
+    def captured(self, entry: Any) -> Any:
         if self.mode == "fallback":
-            entry.fall_back(f"{ENV_SABOTAGE}=fallback (test-only)")
-            entry.memory_bytes = 0
-        elif self.mode == "skip_segment" and entry.graph is not None and entry.debug_inputs is None:
+            return entry.fall_back(f"{ENV_SABOTAGE}=fallback (test-only)")
+        if self.mode == "skip_segment" and isinstance(entry, CapturedGraph) and not isinstance(entry, DebugRun):
             entry.graph.replay = functools.partial(_replay_without_last_segment, entry.graph)
-        elif self.mode == "stale_inputs" and entry.fallback is None:
+        elif self.mode == "stale_inputs" and isinstance(entry, CapturedGraph):
             entry.fill = functools.partial(_fill_without_copying, entry)
+        return entry
 
 
 def _replay_without_last_segment(graph: Any) -> None:
@@ -66,7 +67,7 @@ def _replay_without_last_segment(graph: Any) -> None:
 
 
 def _fill_without_copying(entry: Any, live: list) -> bool:
-    """``GraphEntry.fill`` that copies nothing (a borrowed input that moved still makes the call eager)."""
+    """``CapturedGraph.fill`` that copies nothing (a borrowed input that moved still makes the call eager)."""
     for i, (static, tensor) in enumerate(zip(entry.static_inputs, live)):
         same = static is tensor or (static.data_ptr() == tensor.data_ptr() and static.shape == tensor.shape
                                     and static.stride() == tensor.stride())

@@ -14,8 +14,10 @@ seeded alike. The verdict per plant:
 - ``replayed``: in how many calls a graph replayed (a whole-call replay, or in module mode a child
   graph), from ``get_stats``;
 - ``named``: where the library had to act on the plant (a capture that failed where the plant ran
-  inside a segment; Python it cannot see at a module, processor or class site), a warning or log line
-  names the place (the innermost module the plant ran in, or the site);
+  inside a segment; Python it cannot see at a module, processor or class site), what the library tells
+  names the place (the innermost module the plant ran in, or the site): a capture warning, a capture
+  outcome of the runner events, or why module mode runs Python eagerly (``get_stats``); read through
+  ``bcg_diffusion.toolkit.listening``, no log line below WARNING;
 - ``assumption``: hidden state (Python ``random``, a call counter) in a free function or a torch
   function patched process-wide: code the library takes for the class's own, which a replay assumes
   decides nothing per call (docs/accelerate.md, What a replay assumes). Reported apart, never a failure.
@@ -39,7 +41,6 @@ import copy
 import dataclasses
 import gc
 import json
-import logging
 import random
 import subprocess
 import sys
@@ -48,13 +49,15 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 import bcg_diffusion
 from bcg_diffusion.core import walk
 from bcg_pipelines import zoo
+
+from bcg_diffusion.toolkit.listening import listening
 
 from .planting_processes import result_from_dict, run_in_processes
 from .planting_kinds import HIDDEN_STATE, HOST_READ, KINDS, PlantState
@@ -243,43 +246,6 @@ def _replays(model: torch.nn.Module) -> int:
     return sum(e.hits for e in stats.entries if not e.module_mode) + stats.child_hits
 
 
-class _Heard(logging.Handler):
-    """The library's log lines and warnings (first lines, distinct, in order)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def note(self, text: str) -> None:
-        line = text.strip().splitlines()[0][:400] if text.strip() else ""
-        if line and line not in self.lines:
-            self.lines.append(line)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.note(record.getMessage())
-
-
-@contextlib.contextmanager
-def _listening() -> Iterator[_Heard]:
-    heard = _Heard()
-    logger = logging.getLogger("bcg_diffusion")
-    level = logger.level
-    logger.addHandler(heard)
-    logger.setLevel(logging.INFO)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                yield heard
-            finally:
-                for warning in caught:
-                    if issubclass(warning.category, bcg_diffusion.BCGCaptureWarning):
-                        heard.note(str(warning.message))
-    finally:
-        logger.removeHandler(heard)
-        logger.setLevel(level)
-
-
 def _named(result: PlantResult, class_name: str, messages: list[str]) -> bool:
     places = [p for p in result.places if p != "?"]
     needles = [p for p in places if p] + ([class_name] if "" in places else []) + [result.site.split(":", 1)[1].split(" at ")[0]]
@@ -293,12 +259,14 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message} | {where}"
 
 
-def _accelerated_calls(bundle: Bundle, device: torch.device, result: PlantResult) -> tuple[list, Any, _Heard]:
+def _accelerated_calls(bundle: Bundle, device: torch.device, result: PlantResult) -> tuple[list, Any, list[str]]:
     """Accelerate the model and make the calls, listening; an exception that reaches the caller makes
-    ``result`` a crash. Notes in ``result`` in how many calls a graph replayed."""
+    ``result`` a crash. Notes in ``result`` in how many calls a graph replayed. Returns the outputs, the
+    stats and what the library said: its capture warnings, why module mode runs Python eagerly (the stats),
+    the capture outcomes, its problems and eager reasons (:func:`~bcg_diffusion.toolkit.listening.listening`)."""
     per_call: list[int] = []
     got: list = []
-    with _listening() as heard:
+    with listening() as heard:
         try:
             bcg_diffusion.accelerate_transformer(
                 bundle.model, bcg_diffusion.BCGConfig(allow_unknown=True, debug=device.type != "cuda"))
@@ -307,7 +275,9 @@ def _accelerated_calls(bundle: Bundle, device: torch.device, result: PlantResult
             result.status, result.error = "crash", _error(exc)
         stats = bcg_diffusion.get_stats(bundle.model)
     result.replayed_calls = sum(b > a for a, b in zip([0] + per_call, per_call))
-    return got, stats, heard
+    module_mode = [e.eager_reason for e in stats.entries if e.eager_reason]
+    said = [*heard.capture_warnings, *module_mode, *heard.outcomes, *heard.problems, *heard.eager_reasons]
+    return got, stats, list(dict.fromkeys(said))
 
 
 def run_plant(spec: PlantSpec, bundle: Bundle, seed: int, device: torch.device, site: Site | None = None) -> PlantResult:
@@ -340,9 +310,9 @@ def run_plant(spec: PlantSpec, bundle: Bundle, seed: int, device: torch.device, 
             return result
         state.reset()
         accelerated = True  # from here on, remove_acceleration runs (a no-op if it did not happen)
-        got, stats, heard = _accelerated_calls(bundle, device, result)
-        result.messages = heard.lines[:20]
-        result.suspicious = [line for line in heard.lines if any(mark in line for mark in SUSPICIOUS)]
+        got, stats, said = _accelerated_calls(bundle, device, result)
+        result.messages = said[:20]
+        result.suspicious = [line for line in said if any(mark in line for mark in SUSPICIOUS)]
         result.eager_modules = sorted({m for e in stats.entries for m in e.eager_modules})
         result.module_mode = any(e.module_mode for e in stats.entries)
         result.counters = {n: getattr(stats, n) for n in (
@@ -359,7 +329,7 @@ def run_plant(spec: PlantSpec, bundle: Bundle, seed: int, device: torch.device, 
         must_name = (site.kind in OPAQUE_SITES and site.kind != "hook") or (
             kind.family == HOST_READ and result.fired_in_capture > 0)
         if must_name:
-            result.named = _named(result, type(bundle.model).__name__, result.messages)
+            result.named = _named(result, type(bundle.model).__name__, said)
     except Exception as exc:  # noqa: BLE001 - the harness itself failed: the plant is invalid
         result.status, result.error = "invalid", f"harness: {_error(exc)}"
     finally:

@@ -1,5 +1,5 @@
-"""Capturing one graph key with narrowing on failure, the :class:`GraphEntry` a capture makes, and
-:class:`Captures`: what one runner's captures share."""
+"""Capturing one graph key with narrowing on failure (:mod:`.breaks.narrowing`), which makes a
+:class:`~.entry_kinds.GraphEntry` of one kind, and :class:`Captures`: what one runner's captures share."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_layouts, failures
-from .breaks import attention
+from . import attention_layouts
+from .breaks import attention, narrowing
 from ..config import BCGConfig
 from ..errors import BCGCaptureWarning
 from ..core.capture import BreakableCUDAGraphCapture
 from ..core.graph import BreakableCUDAGraph
 from ..stats import CallCounters
 from .breaks.eager_modules import EagerModules
+from .entry_kinds import CapturedGraph, DebugRun, EagerFallback, GraphEntry, ModuleModeEntry
 from .keys import Call, GraphKey
 
 logger = logging.getLogger("bcg_diffusion")
@@ -31,76 +32,6 @@ logger = logging.getLogger("bcg_diffusion")
 # calls out of captures: a device-wide synchronisation invalidates any capture). Replays and eager
 # work in other threads go on (captures use capture_error_mode="thread_local").
 capture_lock = threading.RLock()
-
-
-@dataclass(eq=False)
-class GraphEntry:
-    """What one capture made: the graph, its static inputs and outputs, or why it failed
-    (``fallback``); its counters. ``module_mode``: the capture failed in the transformer's own
-    forward, which now runs eagerly while its units replay (:mod:`.module_mode`)."""
-
-    graph: BreakableCUDAGraph | None
-    static_inputs: list[torch.Tensor]
-    outputs: Any
-    fallback: str | None = None
-    capture_time_s: float = 0.0
-    memory_bytes: int = 0
-    hits: int = 0
-    eager_modules: list[str] = field(default_factory=list)
-    debug_inputs: tuple | None = None  # debug mode: the static (args, kwargs) the forward reruns on
-    module_mode: bool = False
-    borrowed: frozenset[int] = frozenset()  # static inputs read in place (a unit's input that is an earlier unit's output)
-    # host seconds of the capture by phase (see :func:`capture_entry`); the runner adds "static_inputs",
-    # "key" and "first_replay"
-    phases: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def segments(self) -> int:
-        return self.graph.num_segments if self.graph is not None else 0
-
-    @property
-    def breaks(self) -> int:
-        return self.graph.num_breaks if self.graph is not None else 0
-
-    def fill(self, live: list[torch.Tensor]) -> bool:
-        """Copy the live input tensors into the static inputs (those not already the same view);
-        False, leaving the rest, when a borrowed one is not: the call must then run eagerly."""
-        for i, (static, tensor) in enumerate(zip(self.static_inputs, live)):
-            if _same_view(static, tensor):
-                continue
-            if i in self.borrowed:
-                return False
-            static.copy_(tensor)
-        return True
-
-    def replay(self, forward: Callable, attention_policy: str) -> Any:
-        """Replay the graph (its static inputs filled); returns its outputs (the graph's buffers).
-        A debug-mode entry runs ``forward`` again on its static inputs, through the same breaks and
-        bridge copies."""
-        if self.debug_inputs is not None:
-            s_args, s_kwargs = self.debug_inputs
-            with attention.policy(attention_policy), BreakableCUDAGraphCapture(self.graph, debug=True):
-                return forward(*s_args, **s_kwargs)
-        self.graph.replay()
-        return self.outputs
-
-    def fall_back(self, reason: str) -> None:
-        """From now on the key runs eagerly: a capture that worked (or made module mode) is released."""
-        if self.fallback is None:
-            self.release()
-        self.fallback = reason
-        self.module_mode = False
-
-    def release(self) -> None:
-        if self.graph is not None:
-            self.graph.reset()
-        self.graph = None
-        self.static_inputs = []
-        self.outputs = None
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())
 
 
 @dataclass
@@ -200,23 +131,22 @@ def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:
         logger.info("bcg: capture of %s failed (%s); retrying once", name, op)
         return None
     narrowed = attempts.narrowed
-    action, where = _narrow_safely(ctx, exc, narrowed)
+    action, where = narrowing.narrow_safely(ctx, exc, narrowed)
     attempts.first_failure = attempts.first_failure or f"{where} ({op})"
     elapsed = time.perf_counter() - attempts.start
     also = f"; {', '.join(narrowed)} already ran as eager breaks" if narrowed else ""
-    if action is MODULE_MODE:
+    if action is narrowing.MODULE_MODE:
         ctx.warn(
             f"bcg: capture of {name} failed in its own forward ({op}){also}; its forward now runs eagerly and "
             "each call of its blocks and other submodules replays a graph of its own (module mode)."
         )
-        return GraphEntry(None, [], None, capture_time_s=elapsed, eager_modules=narrowed, module_mode=True,
-                          phases={"retries": attempts.failed_s})
+        return ModuleModeEntry(capture_time_s=elapsed, eager_modules=narrowed, phases={"retries": attempts.failed_s})
     if action is None:
         ctx.warn(
             f"bcg: capture of {name} failed{where} ({op}){also}; this input shape now runs eagerly. Name the "
             "module in BCGConfig.eager_modules, or use debug=True to investigate."
         )
-        return GraphEntry(None, [], None, fallback=op, capture_time_s=elapsed)
+        return EagerFallback(reason=op, capture_time_s=elapsed)
     narrowed.append(action)
     logger.info("bcg: capture of %s failed%s (%s); retrying with %s as an eager break", name, where, op, action)
     return None
@@ -236,9 +166,9 @@ def _captured(
         )
     recorded = time.perf_counter()
     if attempts.ctx.config.debug:
-        return GraphEntry(
-            graph, static, None, capture_time_s=recorded - start, eager_modules=narrowed, debug_inputs=static_call,
-            phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
+        return DebugRun(
+            graph=graph, static_inputs=static, static_call=static_call, capture_time_s=recorded - start,
+            eager_modules=narrowed, phases={"record": recorded - attempt, **({"retries": failed_s} if failed_s else {})},
         )
     memory = max(_reserved_bytes(static) - reserved_before, 0) + sum(t.untyped_storage().nbytes() for t in static)
     elapsed = time.perf_counter() - start
@@ -248,11 +178,8 @@ def _captured(
     if failed_s:
         phases["retries"] = failed_s
     logger.debug("bcg: captured %s: %r in %.3f s (%s)", key.summary(), graph, elapsed, phases)
-    return GraphEntry(graph, static, outputs, capture_time_s=elapsed, memory_bytes=memory, eager_modules=narrowed,
-                      phases=phases)
-
-
-MODULE_MODE = "module mode"
+    return CapturedGraph(graph=graph, static_inputs=static, outputs=outputs, capture_time_s=elapsed, memory_bytes=memory,
+                         eager_modules=narrowed, phases=phases)
 
 
 def _generators_kept(debug: bool, static: list) -> Any:
@@ -262,65 +189,6 @@ def _generators_kept(debug: bool, static: list) -> Any:
         return contextlib.nullcontext()
     devices = sorted({t.device.index or 0 for t in static if isinstance(t, torch.Tensor) and t.is_cuda})
     return torch.random.fork_rng(devices=devices)
-
-
-def _narrow_safely(ctx: CaptureContext, exc: BaseException, narrowed: list[str]) -> tuple[str | None, str]:
-    """:func:`_narrow` on the units where ``exc`` was raised, and where that was (" in ..." or "").
-    Whatever goes wrong while narrowing ends it (``None``: the key runs eagerly): handling a failed
-    capture never raises into the caller's call."""
-    where = ""
-    try:
-        sites = failures.locate(exc, ctx.transformer)
-        if sites:
-            where = f" in {sites[0].describe()}"
-        return _narrow(ctx, sites, narrowed), where
-    except Exception as problem:  # noqa: BLE001 - a capture failure must never become the caller's error
-        logger.warning("bcg: narrowing after a failed capture of %s did not work (%s: %s); the key runs eagerly",
-                       type(ctx.module).__name__, type(problem).__name__, problem, exc_info=True)
-        return None, where
-
-
-def _narrow(ctx: CaptureContext, sites: list[failures.FailureSite], narrowed: list[str]) -> str | None:
-    """Make the innermost unit of ``sites`` (see :func:`failures.locate`) that is not eager yet an eager
-    break; returns its label, :data:`MODULE_MODE` when the failure is in the transformer's own forward,
-    or ``None`` when nothing smaller than the captured module can run eagerly (or the narrowing limit
-    is reached)."""
-    if len(narrowed) >= ctx.config.max_narrowing:
-        return None
-    eager = ctx.eager_modules
-    root = ctx.transformer
-    captured_path = next((n for n, m in root.named_modules() if m is ctx.module), "")
-    for site in sites:
-        if site.kind == "root" or (site.kind == "module" and site.path == captured_path):
-            return MODULE_MODE if ctx.module is root else None
-        if site.kind == "module" and site.path not in eager.names:
-            return _make_module_eager(eager, root, site)
-        if site.kind == "method" and f"{site.path + '.' if site.path else ''}{site.name}()" not in eager.names:
-            return _make_method_eager(eager, root, site)
-    return None
-
-
-def _make_module_eager(eager: EagerModules, root: torch.nn.Module, site: failures.FailureSite) -> str:
-    """The module at ``site.path`` runs as an eager break; when another module of its class (by
-    identity) already does, every module of the class does."""
-    if not eager.module_paths(site.owner_type):
-        eager.add(root, site.path)
-        return site.path
-    paths = [p for p in failures.instances_of(root, site.owner_type) if p not in eager.names]
-    for path in paths:
-        eager.add(root, path)
-    return f"every {site.owner_class} ({len(eager.module_paths(site.owner_type))} modules)"
-
-
-def _make_method_eager(eager: EagerModules, root: torch.nn.Module, site: failures.FailureSite) -> str:
-    """Method ``site.name`` of the module at ``site.path`` runs as an eager break; when it already
-    does in another module of the class (by identity: every MoE block, say), in every module of it."""
-    if not eager.method_paths(site.owner_type, site.name):
-        return eager.add_method(root, site.path, site.name)
-    instances = failures.instances_of(root, site.owner_type) if site.path else []
-    for path in [p for p in instances if f"{p}.{site.name}()" not in eager.names] or [site.path]:
-        eager.add_method(root, path, site.name)
-    return f"{site.name}() of every {site.owner_class} ({len(eager.method_paths(site.owner_type, site.name))} modules)"
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -399,9 +267,9 @@ class Captures:
             root=root, pool=pool,
         )
         entry = capture_entry(self.events.capturing(ctx), key, call.tensors, call.args, call.kwargs, layouts)
-        self.events.captured(entry)
-        if entry.fallback is not None:
+        entry = self.events.captured(entry)
+        if isinstance(entry, EagerFallback):
             self.counts.failed_captures += 1
-        elif not entry.module_mode:
+        elif isinstance(entry, CapturedGraph):
             self.counts.captures += 1
         return entry

@@ -1,25 +1,30 @@
-"""What watches a graph runner: the runner tells its watchers what it does, and they may take part.
+"""The runner-events seam: a graph runner tells its watchers what it does, and they may take part.
 
-A watcher subclasses :class:`RunnerWatcher` and overrides what it needs (every method does nothing
-here). The runner tells it, in this order for one transformer call:
+Public (``bcg_diffusion.RunnerWatcher``, ``bcg_diffusion.watch_every_runner``; docs/api.md). A watcher
+subclasses :class:`RunnerWatcher` and overrides what it needs (every method does nothing here). The runner
+tells it, in this order for one transformer call:
 
 - ``call_began()``, then ``call_ended()`` or ``call_failed(exc)`` (the exception still propagates):
   one transformer call through the runner (a nested eager call inside it is not one);
 - ``planned(path, key)``: the path of a keyed call, one of :data:`~.slots.PATHS` (``warmup``,
-  ``capture``, ``replay``, ``fallback``, ``eager``, ``module``), before anything of it runs; or
-  ``planned_eager(reason, args, kwargs)`` for a call that runs eagerly before it has a key
-  (inputs that cannot be keyed, none on the device);
+  ``capture``, ``replay``, ``fallback``, ``eager``, ``module``), before anything of it runs
+  (``key.summary()`` describes the key); or ``planned_eager(reason, args, kwargs)`` for a call that
+  runs eagerly before it has a key (inputs that cannot be keyed, none on the device);
+- ``ran_eagerly(reason)``: the call runs eagerly for ``reason`` (it has no key, or its key is never
+  captured: its calls change their own inputs), on every such call;
 - ``capturing(ctx)`` returns the :class:`~.entries.CaptureContext` a capture is given (a watcher
-  may change its config, or what it may evict); ``captured(entry)``: the capture's outcome, which
-  a watcher may make fall back (:meth:`~.entries.GraphEntry.fall_back`); both for every capture, a
-  transformer's or a unit's in module mode;
+  may change its config, or what it may evict); ``captured(entry)`` returns the entry the runner
+  keeps: the capture's outcome (a :class:`~.entry_kinds.GraphEntry`: ``EagerFallback`` with its
+  ``reason``, ``CapturedGraph``, ``DebugRun`` or ``ModuleModeEntry``; every kind has
+  ``eager_modules``, ``capture_time_s``, ``memory_bytes``), or ``entry.fall_back(reason)`` to give it
+  up (``None``: keep it as it is); both for every capture, a transformer's or a unit's in module mode;
 - ``replay_failed(exc)``: a replay stopped part-way (a break returned another shape); the call
   then runs eagerly, unless a watcher raises.
 
-Watchers of one runner are subscribed to its :class:`RunnerEvents` (context parallelism's
-lockstep, :mod:`.parallel`); watchers of every runner of the process with
-:func:`watch_every_runner` (the test suite's deliberately broken replays). Those of the process
-are told first, so a runner's own watchers see the outcome they made.
+Each runner's :class:`RunnerEvents` tells its watchers: those of every runner of the process first
+(:func:`watch_every_runner`: tools, the test suite's deliberately broken replays), then its own
+(:meth:`RunnerEvents.subscribe`: context parallelism's lockstep, :mod:`.parallel`), so a runner's own
+watchers see the outcome the others made. Watchers are told in the runner's thread, under its lock.
 """
 
 from __future__ import annotations
@@ -52,11 +57,14 @@ class RunnerWatcher:
     def planned_eager(self, reason: str, args: tuple, kwargs: dict) -> None:
         pass
 
+    def ran_eagerly(self, reason: str) -> None:
+        pass
+
     def capturing(self, ctx: Any) -> Any:
         return ctx
 
-    def captured(self, entry: Any) -> None:
-        pass
+    def captured(self, entry: Any) -> Any:
+        return entry
 
     def replay_failed(self, exc: BaseException) -> None:
         pass
@@ -115,14 +123,21 @@ class RunnerEvents:
         for watcher in self.watchers():
             watcher.planned_eager(reason, args, kwargs)
 
+    def ran_eagerly(self, reason: str) -> None:
+        for watcher in self.watchers():
+            watcher.ran_eagerly(reason)
+
     def capturing(self, ctx: Any) -> Any:
         for watcher in self.watchers():
             ctx = watcher.capturing(ctx)
         return ctx
 
-    def captured(self, entry: Any) -> None:
+    def captured(self, entry: Any) -> Any:
+        """The entry the runner keeps: each watcher's answer in turn (``None``: the entry as it was)."""
         for watcher in self.watchers():
-            watcher.captured(entry)
+            kept = watcher.captured(entry)
+            entry = entry if kept is None else kept
+        return entry
 
     def replay_failed(self, exc: BaseException) -> None:
         for watcher in self.watchers():

@@ -18,6 +18,7 @@ import torch
 from ..config import BCGConfig
 from ..stats import UnitCounters
 from .entries import capture_lock
+from .entry_kinds import CapturedGraph
 from .keys import GraphKey
 from .slots import Slot
 
@@ -100,7 +101,7 @@ class GraphCache:
         ):
             key, slot = self.captured.popitem(last=False)
             self.retired = self.retired + slot.unit_counters()
-            replayed = slot.entry.fallback is None and slot.units is None
+            replayed = isinstance(slot.entry, CapturedGraph)
             slot.release()
             if forget:
                 self.seen.pop(key, None)

@@ -31,7 +31,6 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RankAbortedError, RankAgreementError, RankDisagreementError, RankOutOfStepError, RankTimeoutError
@@ -46,13 +45,6 @@ _SHOWN_CHARS = 300  # a value longer than this is cut in error messages
 
 _generations: dict[str, int] = {}
 _generations_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class _Abort:
-    rank: int
-    where: str
-    reason: str
 
 
 def _shown(value: str) -> str:
@@ -130,22 +122,6 @@ class RankAgreement:
         self._failure: RankAgreementError | None = None
         self._lock = threading.Lock()
 
-    @classmethod
-    def from_environment(cls, timeout_s: float, *, group: str = "runner", store: Any = None) -> "RankAgreement | None":
-        """The agreement of the default process group, or ``None`` when ``torch.distributed`` is not
-        initialised or the world has one rank (nothing to agree on). ``store`` replaces the
-        default group's store."""
-        import torch.distributed as dist
-
-        if not dist.is_available() or not dist.is_initialized():
-            return None
-        world_size = dist.get_world_size()
-        if world_size < 2:
-            return None
-        if store is None:
-            store = dist.distributed_c10d._get_default_store()
-        return cls(store, dist.get_rank(), world_size, timeout_s, group=group)
-
     # -- the rounds -----------------------------------------------------------------------
     @property
     def rounds(self) -> int:
@@ -179,10 +155,6 @@ class RankAgreement:
             index,
             dict(enumerate(values)),
         )
-
-    def all_true(self, name: str, ok: bool) -> bool:
-        """True iff every rank said True (a capture that failed on one rank fails on all)."""
-        return all(v == "1" for v in self.gather(name, "1" if ok else "0"))
 
     def abort(self, reason: str, where: str | None = None) -> None:
         """Tell the other ranks that this rank stops taking part (call it from an exception handler

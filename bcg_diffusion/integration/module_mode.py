@@ -27,6 +27,8 @@ Contracts:
   returns copies of its outputs, and copies every input into its static buffers. Without it
   (the transformer's own code), outputs are the graph's buffers, kept alive by the graph, and an
   input that is an earlier unit's output of the same call is read in place.
+- A unit's replay takes the runner's one replay path (:mod:`.replays`): a break whose output changed
+  shape stops it, and that unit call falls back to eager with one warning, as a transformer call does.
 - A unit whose capture fails (host work in its own forward) joins the eager spine from its next
   call: its children become units.
 - The transformer's outputs are cloned by the runner (they may alias a unit's outputs).
@@ -44,9 +46,11 @@ from ..config import BCGConfig
 from ..core.tree import tree_map, walk
 from ..stats import UnitCounters
 from .breaks import units as unit_calls
-from .entries import GraphEntry
+from .entry_kinds import CapturedGraph, EagerFallback, GraphEntry
 from .keys import Call, GraphKey
+from .replays import Replayer
 from .slots import CAPTURE, FALLBACK, WARMUP, Slot
+from .static_inputs import static_copy
 
 logger = logging.getLogger("bcg_diffusion")
 
@@ -119,8 +123,9 @@ class UnitGraphs:
 
     ``capture(module, call, key, layouts, pool)`` is given by the runner: it captures ``call`` (its
     forward on static inputs) of the unit ``module`` into the memory ``pool`` and returns a
-    :class:`~.entries.GraphEntry` (``fallback`` set when the capture failed). ``reason`` says why the
-    transformer's own Python runs eagerly (``GraphEntryStats.eager_reason``).
+    :class:`~.entry_kinds.GraphEntry` (an :class:`~.entry_kinds.EagerFallback` when the capture failed);
+    ``replayer`` is the runner's replay path. ``reason`` says why the transformer's own Python runs
+    eagerly (``GraphEntryStats.eager_reason``).
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class UnitGraphs:
         capture: CaptureUnit,
         config: BCGConfig,
         *,
+        replayer: Replayer,
         reason: str,
         fresh_outputs: bool = False,
         device_type: str = "cuda",
@@ -143,6 +149,7 @@ class UnitGraphs:
         # per unit call (path, occurrence): its slots by input layout, most recently used last
         self._slots: dict[tuple[str, int], collections.OrderedDict[tuple, Slot]] = {}
         self._capture = capture
+        self._replayer = replayer
         self._config = config
         self._device_type = device_type
         self._skip = skip or set()
@@ -154,9 +161,9 @@ class UnitGraphs:
     def _all_slots(self) -> list[Slot]:
         return [slot for variants in self._slots.values() for slot in variants.values()]
 
-    def entries(self) -> list[GraphEntry]:
+    def entries(self) -> list[CapturedGraph]:
         """The unit graphs captured and kept."""
-        return [s.entry for s in self._all_slots() if s.entry is not None and s.entry.fallback is None]
+        return [s.entry for s in self._all_slots() if isinstance(s.entry, CapturedGraph)]
 
     @property
     def segments(self) -> int:
@@ -194,18 +201,19 @@ class UnitGraphs:
             return slot.warm_up(call.run)
         if path == CAPTURE:
             path = self._capture_slot(where[0], slot, call)
-        if path == FALLBACK or not slot.entry.fill(call.tensors):  # a borrowed input elsewhere: never written into
+        if path == FALLBACK:
             return self._eager(call)
-        return self._replay(slot.entry, call.forward)
+        return self._replay(where[0], slot, call)
 
     def _eager(self, call: Call) -> Any:
         self.counters.eager_calls += 1
         return call.run()
 
-    def _replay(self, entry: GraphEntry, chain: Callable) -> Any:
-        outputs = entry.replay(chain, self._config.attention)
-        entry.hits += 1
-        self.counters.hits += 1
+    def _replay(self, path: str, slot: Slot, call: Call) -> Any:
+        what = f"{path} ({type(self.units[path]).__name__}) in module mode" if path in self.units else path
+        outputs, replayed = self._replayer.replay(slot, call, self.counters, what)
+        if not replayed:  # run eagerly: a borrowed input elsewhere, or the replay stopped
+            return outputs
         if self.fresh_outputs:
             return tree_map(torch.Tensor.clone, outputs)
         self._call.note_outputs(outputs)
@@ -225,23 +233,25 @@ class UnitGraphs:
     def _capture_slot(self, path: str, slot: Slot, call: Call) -> str:
         static, borrowed = self._static_inputs(call.tensors)
         entry = self._capture(self.units[path], call.on(static), slot.key, slot.layouts, self._pool)
-        if self._pool is not None and ("retries" in entry.phases or entry.fallback is not None):
+        if self._pool is not None and ("retries" in entry.phases or isinstance(entry, EagerFallback)):
             self._pool = torch.cuda.graph_pool_handle()  # later units do not share a failed capture's pool
         self.capture_time_s += entry.capture_time_s
         self.memory_bytes += entry.memory_bytes
-        entry.borrowed = borrowed
         slot.entry = entry
-        if entry.fallback is not None:
+        if isinstance(entry, CapturedGraph):
+            entry.borrowed = borrowed
+        if isinstance(entry, EagerFallback):
             self.counters.failed_captures += 1
             if self._expand(path):
                 logger.info("bcg: module mode: %s does host work in its own forward (%s); its forward runs eagerly "
-                            "from its next call and its submodules replay", path, entry.fallback)
+                            "from its next call and its submodules replay", path, entry.reason)
             else:
-                logger.info("bcg: module mode: %s runs eagerly (%s)", path, entry.fallback)
+                logger.info("bcg: module mode: %s runs eagerly (%s)", path, entry.reason)
         return slot.path(self._config.warmup_iters)
 
     def _static_inputs(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], frozenset[int]]:
-        """Static buffers for a unit's capture, and which of them are read in place (an earlier
+        """Static buffers for a unit's capture (copies with the live tensors' strides, as a transformer
+        key's: :func:`~.static_inputs.static_copy`), and which of them are read in place (an earlier
         unit's output of this call: graph memory)."""
         static, borrowed = [], set()
         for i, t in enumerate(tensors):
@@ -249,7 +259,7 @@ class UnitGraphs:
                 static.append(t)
                 borrowed.add(i)
             else:
-                static.append(torch.empty_like(t).copy_(t))
+                static.append(static_copy(t))
         return static, frozenset(borrowed)
 
     def _expand(self, path: str) -> bool:

@@ -44,6 +44,7 @@ import torch
 
 from . import cp_support
 from .breaks import cp_gather
+from .entry_kinds import CapturedGraph, EagerFallback
 from .events import RunnerWatcher
 from .keys import GraphKey, HostTensor, ObjectState, TensorSpec
 from .lockstep import RankAbortedError, RankAgreement, RankAgreementError
@@ -139,24 +140,27 @@ class Lockstep(RunnerWatcher):
         config = dataclasses.replace(ctx.config, max_narrowing=0, attention="break")
         return dataclasses.replace(ctx, config=config, evict_all=_no_eviction)
 
-    def captured(self, entry: Any) -> None:
-        """Make ``entry``'s capture outcome the ranks' common one (see the module docstring)."""
-        ok = entry.fallback is None and not entry.module_mode
-        why = entry.fallback or ("module mode" if entry.module_mode else "")
+    def captured(self, entry: Any) -> Any:
+        """Make ``entry``'s capture outcome the ranks' common one (see the module docstring): the entry
+        the runner keeps (this rank's, or a fallback when it failed on some rank)."""
+        ok = isinstance(entry, CapturedGraph)
+        why = entry.reason if isinstance(entry, EagerFallback) else "" if ok else "module mode"
         if self.agreement is None:
-            return
+            return entry
         index = self._index()
         mine = json.dumps({"ok": ok, "memory": int(entry.memory_bytes), "why": why})
         values = [json.loads(v) for v in self.agreement.gather(f"call {index}: capture", mine)]
         failed = [r for r, v in enumerate(values) if not v["ok"]]
         if not failed:
             entry.memory_bytes = max(v["memory"] for v in values)
-            return
+            return entry
         first = values[failed[0]]["why"]
         ranks = ", ".join(map(str, failed))
         reason = f"capture failed on rank{'s' if len(failed) > 1 else ''} {ranks}: {first}"
-        entry.fall_back(reason)
-        entry.memory_bytes = 0
+        self._warn_fallback(reason)
+        return entry.fall_back(reason)
+
+    def _warn_fallback(self, reason: str) -> None:
         message = f"bcg: {reason}; under context parallelism this input shape now runs eagerly on every rank"
         if message not in self._warned:
             self._warned.add(message)

@@ -9,11 +9,12 @@ A call is read once (:class:`~.keys.Call`), keyed, and takes the path of its key
 mode, or eager. What the runner holds is split by what it is about: the slots in the
 :class:`~.graph_cache.GraphCache`, what a call runs besides its inputs in the
 :class:`~.structure_watch.StructureWatch`, the captures' common set-up in
-:class:`~.entries.Captures`, the counters in :class:`~bcg_diffusion.stats.CallCounters`, and its
+:class:`~.entries.Captures`, the one replay path of its keys and units in :class:`~.replays.Replayer`,
+the counters in :class:`~bcg_diffusion.stats.CallCounters`, and its
 watchers (context parallelism, tests) in :class:`~.events.RunnerEvents`.
 
 One name per idea: a *key* (:class:`~.keys.GraphKey`) is what a capture bakes in; its *slot* is
-where the key stands; an *entry* (:class:`~.entries.GraphEntry`) is what one capture made; a *unit*
+where the key stands; an *entry* (:class:`~.entry_kinds.GraphEntry`, one class per kind) is what one capture made; a *unit*
 is a module that replays a graph of its own in module mode, and a *unit call* one call of it in a
 transformer call (``BCGStats``' ``child_*`` counters count unit calls); a *break* is anything that
 runs eagerly between segments (:mod:`.breaks`).
@@ -30,16 +31,17 @@ import torch
 
 from . import fingerprint
 from ..config import BCGConfig
-from ..core.copy_back import BreakOutputMismatchError
 from ..core.tree import tree_map
 from .breaks.installed import InstalledBreaks
-from .entries import Captures, GraphEntry, warn_once
+from .entries import Captures, warn_once
+from .entry_kinds import GraphEntry, ModuleModeEntry
 from .events import RunnerEvents
 from ..families import TransformerInfo
 from .graph_cache import GraphCache
 from .keys import GRAD_MODE_FIELDS, Call, GraphKey, build_key
 from .model_state import ModelState
 from .module_mode import UnitGraphs
+from .replays import Replayer
 from .slots import CAPTURE, MODULE, REPLAY, WARMUP, Slot
 from ..stats import BCGStats, CallCounters
 from .static_inputs import static_copy
@@ -77,6 +79,7 @@ class GraphRunner:
         breaks = InstalledBreaks(module, config.eager_modules, info.eager_functions)
         self.watch = StructureWatch(self.state, config, breaks, self.events, self.counts, self.clear)
         self.captures = Captures(config, breaks.eager, self.events, self.counts, self._warn, self.cache.evict_all)
+        self.replayer = Replayer(self.events, self._warn, config.attention)
         self._last_stream: torch.cuda.Stream | None = None
         self._lock = threading.RLock()
         self._local = threading.local()  # depth: inside a call of this runner in this thread
@@ -131,7 +134,7 @@ class GraphRunner:
         self.events.planned(path, key)  # context parallelism: every rank takes this call's path
         if path == CAPTURE:
             path = self._capture(slot, call, key_s)
-        elif path == MODULE and slot.units is None:
+        elif path == MODULE and slot.entry is None:
             path = self._start_module_mode(slot, level)
         return self._run(path, slot, call)
 
@@ -159,34 +162,17 @@ class GraphRunner:
 
     def _eager(self, call: Call, reason: str | None) -> Any:
         self.counts.eager_calls += 1
-        if reason is not None and reason not in self._warned:
-            self._warned.add(reason)
-            logger.info("bcg: %s runs eagerly: %s", type(self.module).__name__, reason)
+        if reason is not None:
+            self.events.ran_eagerly(reason)
+            if reason not in self._warned:
+                self._warned.add(reason)
+                logger.info("bcg: %s runs eagerly: %s", type(self.module).__name__, reason)
         return call.run()
 
     def _replay(self, slot: Slot, call: Call) -> Any:
-        entry = slot.entry
-        first = entry.hits == 0
-        started = time.perf_counter()
-        try:
-            entry.fill(call.tensors)
-            out = tree_map(torch.Tensor.clone, entry.replay(call.forward, self.config.attention))
-        except BreakOutputMismatchError as exc:
-            return self._replay_stopped(entry, call, exc)
-        if first:
-            entry.phases["first_replay"] = time.perf_counter() - started
-        entry.hits += 1
-        self.counts.hits += 1
-        return out
-
-    def _replay_stopped(self, entry: GraphEntry, call: Call, exc: BreakOutputMismatchError) -> Any:
-        """A break returned another shape than at capture: its output shape depends on values the
-        key does not hold. Never return a partial replay: this key runs eagerly from now on."""
-        self.events.replay_failed(exc)  # context parallelism: raises (the other ranks ran part of the call)
-        self._warn(f"bcg: replay of {type(self.module).__name__} stopped: {exc}. This input shape now runs eagerly.")
-        entry.fall_back(f"break output changed shape: {str(exc).splitlines()[0][:200]}")
-        self.counts.failed_captures += 1
-        return self._eager(call, None)
+        """The one replay path (:mod:`.replays`); the outputs are copied out of the graph's buffers."""
+        out, replayed = self.replayer.replay(slot, call, self.counts, type(self.module).__name__)
+        return tree_map(torch.Tensor.clone, out) if replayed else out
 
     def _run_units(self, slot: Slot, call: Call) -> Any:
         with fingerprint.transient_registrations():  # block lists swapped for the call (cache-dit)
@@ -252,8 +238,8 @@ class GraphRunner:
         entry.phases["static_inputs"] = static_s
         entry.phases["key"] = key_s  # weights fingerprint (when due) and key building
         slot.entry = entry
-        if entry.module_mode:
-            slot.units = self._unit_graphs("host work inline in its forward", fresh_outputs=False)
+        if isinstance(entry, ModuleModeEntry):
+            entry.units = self._unit_graphs("host work inline in its forward", fresh_outputs=False)
         self.cache.keep(slot)
         return slot.path(self.config.warmup_iters)
 
@@ -265,8 +251,7 @@ class GraphRunner:
         self.counts.misses += 1
         self.counts.warmup_calls += 1
         self.cache.make_room()
-        slot.entry = GraphEntry(None, [], None, module_mode=True)
-        slot.units = self._unit_graphs(self.watch.opaque_summary(level), fresh_outputs=True)
+        slot.entry = ModuleModeEntry(units=self._unit_graphs(self.watch.opaque_summary(level), fresh_outputs=True))
         self.cache.keep(slot, within_budget=False)
         return _FIRST_UNITS
 
@@ -274,8 +259,8 @@ class GraphRunner:
         """Module mode for one key: its units capture into one memory pool, with the transformer's
         eager parts, narrowing inside a unit where it fails."""
         return UnitGraphs(
-            self.watch.units(), self._capture_unit, self.config, reason=reason, fresh_outputs=fresh_outputs,
-            device_type=self.device_type, skip=self.watch.hooked_paths(),
+            self.watch.units(), self._capture_unit, self.config, replayer=self.replayer, reason=reason,
+            fresh_outputs=fresh_outputs, device_type=self.device_type, skip=self.watch.hooked_paths(),
         )
 
     def _capture_unit(self, module: torch.nn.Module, call: Call, key: GraphKey, layouts: list | None, pool: Any) -> GraphEntry:

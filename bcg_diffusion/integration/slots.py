@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import attention_layouts
-from .entries import GraphEntry
+from .entry_kinds import EagerFallback, GraphEntry, ModuleModeEntry
 from .keys import GraphKey
 from ..stats import GraphEntryStats, UnitCounters
 
@@ -28,23 +28,24 @@ class Slot:
     """One graph key and where it stands (see the module docstring).
 
     ``calls`` counts its eager warm-up calls and ``layouts`` holds the attention layouts the last one
-    recorded; ``entry`` is its capture once made (dropped on eviction: the next call captures
-    again); ``units`` its unit graphs in module mode; ``refused`` why it is never captured.
+    recorded; ``entry`` is its capture once made (a :class:`~.entry_kinds.GraphEntry` of one kind; dropped
+    on eviction: the next call captures again); ``refused`` why it is never captured.
     """
 
     key: GraphKey
     calls: int = 0
     layouts: list | None = None
     entry: GraphEntry | None = None
-    units: Any = None  # module_mode.UnitGraphs of a key in module mode
     refused: str | None = None
 
     def path(self, warmup_iters: int) -> str:
         """Where this slot's next call goes: one of :data:`PATHS`."""
+        if isinstance(self.entry, EagerFallback):
+            return FALLBACK
+        if isinstance(self.entry, ModuleModeEntry):
+            return MODULE
         if self.entry is not None:
-            if self.entry.fallback is not None:
-                return FALLBACK
-            return MODULE if self.units is not None else REPLAY
+            return REPLAY
         if self.refused is not None:
             return EAGER
         return WARMUP if self.calls < warmup_iters else CAPTURE
@@ -61,10 +62,12 @@ class Slot:
         """Free the graphs; the slot stands where it did before its capture."""
         if self.entry is not None:
             self.entry.release()
-        if self.units is not None:
-            self.units.release()
         self.entry = None
-        self.units = None
+
+    @property
+    def units(self) -> Any:
+        """The unit graphs of a key in module mode (:class:`~.module_mode.UnitGraphs`), else ``None``."""
+        return self.entry.units if isinstance(self.entry, ModuleModeEntry) else None
 
     @property
     def memory_bytes(self) -> int:
@@ -79,18 +82,17 @@ class Slot:
         """This key as ``get_stats`` reports it (a kept slot: its entry is there)."""
         entry, units = self.entry, self.units
         counters = self.unit_counters()
-        graphs = units if units is not None else entry
         return GraphEntryStats(
             key=self.key.summary(),
-            segments=graphs.segments,
-            breaks=graphs.breaks,
+            segments=entry.segments,
+            breaks=entry.breaks,
             capture_time_s=entry.capture_time_s + (units.capture_time_s if units is not None else 0.0),
             memory_bytes=self.memory_bytes,
             hits=entry.hits,
-            fallback=entry.fallback,
+            fallback=entry.reason if isinstance(entry, EagerFallback) else None,
             eager_modules=tuple(entry.eager_modules),
             capture_phases=tuple(entry.phases.items()),
-            module_mode=units is not None,
+            module_mode=isinstance(entry, ModuleModeEntry),
             eager_reason=units.reason if units is not None else None,
             child_graphs=len(units.entries()) if units is not None else 0,
             child_hits=counters.hits,

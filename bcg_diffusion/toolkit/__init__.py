@@ -13,6 +13,8 @@ one job per module, importing no command.
   :class:`~.stack_options.StackOptions`; :mod:`.stack`: that stack applied to a built pipeline, layer by layer.
 - :mod:`.timed_run`: one timed ``pipe(...)`` call (per-step times, the size the transformer ran).
 - :mod:`.media`: writing images and videos, checking ``--out``.
+- :mod:`.listening`: what the library says while a case runs (runner events, warnings, problems), for the
+  zoo probe and the planting harness.
 
 The kit uses the library through its public names only, and no command's modules
 (``tests/tools/test_layers.py`` checks both).

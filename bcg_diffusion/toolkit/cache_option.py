@@ -120,27 +120,25 @@ def disable_cache(transformer: Any) -> None:
         if getattr(transformer, "is_cache_enabled", False):
             transformer.disable_cache()
         return
+    from bcg_diffusion import STEP_CACHE_HOOK_NAMES
+
     for module in transformer.modules():
         registry = getattr(module, "_diffusers_hook", None)
         for hook_name, hook in list(getattr(registry, "hooks", {}).items()):
-            if type(hook).__name__ in _CACHE_HOOK_CLASSES:
+            if type(hook).__name__ in STEP_CACHE_HOOK_NAMES:
                 registry.remove_hook(hook_name, recurse=False)
 
 
 def reset_cache_state(transformer: Any) -> None:
     """Reset the state of the step-cache hooks on ``transformer``'s modules (what a finished pipeline
     call does for CacheMixin transformers), so the next call starts like a first one."""
+    from bcg_diffusion import STEP_CACHE_HOOK_NAMES
+
     for module in transformer.modules():
         registry = getattr(module, "_diffusers_hook", None)
         for hook in list(getattr(registry, "hooks", {}).values()):
-            if type(hook).__name__ in _CACHE_HOOK_CLASSES and getattr(hook, "_is_stateful", False):
+            if type(hook).__name__ in STEP_CACHE_HOOK_NAMES and getattr(hook, "_is_stateful", False):
                 hook.reset_state(registry._module_ref)
-
-
-_CACHE_HOOK_CLASSES = (
-    "FBCHeadBlockHook", "FBCBlockHook", "MagCacheHeadHook", "MagCacheBlockHook", "TaylorSeerCacheHook",
-    "PyramidAttentionBroadcastHook", "FasterCacheBlockHook", "FasterCacheDenoiserHook",
-)
 
 
 # -- the option on a built pipeline --------------------------------------------------------------------

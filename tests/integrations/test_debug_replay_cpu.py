@@ -148,3 +148,32 @@ def test_a_process_the_tests_start_is_sabotaged_too():
     proc = subprocess.run([sys.executable, "-c", _STARTED], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-4:] == ["counters", "1", "0", "2"], proc.stdout  # the capture fell back: nothing replays
+
+
+@pytest.mark.parametrize("module_mode", [False, True])
+def test_a_break_that_changes_shape_stops_the_replay_and_the_call_runs_eagerly(module_mode):
+    """The one replay path, whole-call and for a unit in module mode: a break whose output shape follows a host
+    value stops the replay; the call returns the eager result, one warning names what stopped, and the key (or
+    the unit call) runs eagerly from then on."""
+    import _shape_break
+
+    model, twin = _shape_break.models("cpu")
+    bcg.accelerate_transformer(model, DEBUG)
+    if module_mode:
+        _shape_break.opaque_forward(model)
+    equal, messages = _shape_break.calls_until_a_break_changes_shape(model, twin, "cpu")
+    assert equal == [True] * 4
+    what = "blocks.0 (Block) in module mode" if module_mode else "WideningModel"
+    assert len(messages) == 1 and f"replay of {what} stopped" in messages[0], messages
+    stats = bcg.get_stats(model)
+    entry = stats.entries[0]
+    if module_mode:
+        assert entry.module_mode and entry.child_failed_captures == 1 and stats.failed_captures == 0, str(stats)
+        assert stats.child_hits >= 3 and stats.eager_calls == 0, str(stats)  # both blocks replayed before
+    else:
+        assert entry.fallback.startswith("break output changed shape") and stats.failed_captures == 1, str(stats)
+        assert (stats.hits, stats.eager_calls) == (2, 1), str(stats)
+    with torch.no_grad():  # from now on that key (or unit call) runs eagerly, with no new warning
+        x = torch.randn(2, 4)
+        assert torch.equal(model(x), twin(x))
+    bcg.remove_acceleration(model)

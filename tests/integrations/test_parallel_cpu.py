@@ -28,7 +28,7 @@ import cp_harness
 import cp_worker
 from bcg_diffusion.integration import cp_support, parallel
 from bcg_diffusion.integration.breaks import cp_gather
-from bcg_diffusion.integration.entries import GraphEntry
+from bcg_diffusion.integration.entry_kinds import CapturedGraph, EagerFallback
 from bcg_diffusion.integration.events import RunnerEvents, RunnerWatcher
 from bcg_diffusion.integration.keys import GraphKey, HostTensor, ObjectState, TensorSpec
 from bcg_diffusion.integration.lockstep import RankAbortedError, RankAgreement, RankDisagreementError
@@ -93,9 +93,9 @@ def test_the_planned_path_names_where_the_key_s_slot_stands():
     assert slot.path(warmup_iters=1) == "capture"
     slot.refused = "changes its inputs"
     assert slot.path(warmup_iters=1) == "eager"
-    slot.entry = GraphEntry(None, [], None)
+    slot.entry = CapturedGraph(graph=_Graph(), static_inputs=[])
     assert slot.path(warmup_iters=1) == "replay"
-    slot.entry.fallback = "failed"
+    slot.entry = slot.entry.fall_back("failed")
     assert slot.path(warmup_iters=1) == "fallback"
 
 
@@ -182,7 +182,7 @@ class _Graph:
         pass
 
 
-class _Entry(GraphEntry):
+class _Entry(CapturedGraph):
     released = False
 
     def release(self):
@@ -193,20 +193,21 @@ class _Entry(GraphEntry):
 def test_a_capture_that_failed_on_one_rank_falls_back_on_every_rank():
     def body(rank, lockstep):
         lockstep.call_began()
-        entry = _Entry(_Graph(), [], None, memory_bytes=1000 + rank)
         if rank == 1:
-            entry.graph, entry.fallback = None, "RuntimeError: operation not permitted when stream is capturing"
-        lockstep.captured(entry)
-        both = _Entry(_Graph(), [], None, memory_bytes=1000 + 10 * rank)
-        lockstep.captured(both)
-        return entry, both
+            mine = EagerFallback(reason="RuntimeError: operation not permitted when stream is capturing")
+        else:
+            mine = _Entry(graph=_Graph(), static_inputs=[], memory_bytes=1000 + rank)
+        entry = lockstep.captured(mine)
+        both = _Entry(graph=_Graph(), static_inputs=[], memory_bytes=1000 + 10 * rank)
+        return mine, entry, both, lockstep.captured(both)
 
     results = _ranks(2, body)
-    for rank, (entry, both) in results.items():
-        assert entry.fallback.startswith("capture failed on rank 1: RuntimeError: operation not permitted"), entry.fallback
-        assert entry.memory_bytes == 0 and entry.graph is None
-        assert both.fallback is None and both.memory_bytes == 1010  # the largest rank's: budget evictions agree
-    assert results[0][0].released and not results[1][0].released
+    for rank, (mine, entry, both, kept) in results.items():
+        assert isinstance(entry, EagerFallback), entry
+        assert entry.reason.startswith("capture failed on rank 1: RuntimeError: operation not permitted"), entry.reason
+        assert entry.memory_bytes == 0
+        assert kept is both and both.memory_bytes == 1010  # the largest rank's: budget evictions agree
+    assert results[0][0].released  # rank 0's own graph is given up
 
 
 def test_a_rank_that_raises_is_named_by_the_others_with_its_call():

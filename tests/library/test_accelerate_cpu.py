@@ -5,6 +5,8 @@ import warnings
 import pytest
 import torch
 
+from diffusers import ModelMixin
+
 import bcg_diffusion as bcg
 from bcg_diffusion import accelerate as acc
 from bcg_diffusion.integration import fingerprint
@@ -113,8 +115,8 @@ def test_text_buckets_pad_with_masked_tokens():
     assert bucket_for(17, (8, 16)) is None and bucket_for(9, (8, 16)) == 16
 
 
-class FluxTransformer2DModel(torch.nn.Module):
-    """A stand-in with the class name of a known transformer (runs on CPU)."""
+class FluxTransformer2DModel(ModelMixin):
+    """A stand-in with the class name of a family's transformer, a diffusers model class (runs on CPU)."""
 
     def __init__(self):
         super().__init__()
@@ -215,6 +217,18 @@ def test_unknown_transformer_needs_opt_in(pretend_cuda):
     model = bcg.accelerate_transformer(MyDiT(), bcg.BCGConfig(allow_unknown=True))
     assert bcg.is_accelerated(model)
     bcg.remove_acceleration(model)
+
+
+def test_families_take_the_generic_path_and_allow_unknown_false_takes_only_classes_with_knowledge():
+    from bcg_diffusion.families import KNOWN_TRANSFORMERS, transformer_info
+
+    flux = type("FluxTransformer2DModel", (ModelMixin,), {})()  # a family's class: no per-class entry
+    qwen = type("QwenImageTransformer2DModel", (ModelMixin,), {})()
+    assert transformer_info(flux, None) == TransformerInfo()
+    assert transformer_info(qwen, None) is KNOWN_TRANSFORMERS["QwenImageTransformer2DModel"]
+    assert transformer_info(qwen, False).text_mask_kwarg == "encoder_hidden_states_mask"
+    with pytest.raises(bcg.UnknownTransformerError, match="FluxTransformer2DModel.*allow_unknown=False limits it to"):
+        transformer_info(flux, False)
 
 
 def test_offloaded_pipeline_is_refused(pretend_cuda):

@@ -351,3 +351,30 @@ def test_whole_forward_compile_under_bcg_is_one_captured_graph():
     assert torch.equal(first, second)
     entry = stats.entries[0]
     assert entry.breaks == 0 and entry.segments == 1, str(stats)
+
+
+@pytest.mark.parametrize("module_mode", [False, True])
+def test_a_break_that_changes_shape_stops_the_replay_and_the_call_returns_the_eager_result(module_mode):
+    """The one replay path on captured graphs, whole-call and for a unit in module mode: a break whose output
+    shape follows a host value stops the replay (BreakOutputMismatchError); the call still returns the eager
+    result, with one warning, and the key (or the unit call) runs eagerly from then on. The replay before
+    (new inputs) is checked against eager and on the counters, so a broken replay fails here."""
+    import _shape_break
+
+    model, twin = _shape_break.models("cuda")
+    bcg.accelerate_transformer(model)
+    if module_mode:
+        _shape_break.opaque_forward(model)
+    equal, messages = _shape_break.calls_until_a_break_changes_shape(model, twin, "cuda")
+    stats = bcg.get_stats(model)
+    assert equal == [True] * 4, (equal, str(stats))
+    what = "blocks.0 (Block) in module mode" if module_mode else "WideningModel"
+    assert len(messages) == 1 and f"replay of {what} stopped" in messages[0], messages
+    entry = stats.entries[0]
+    if module_mode:
+        assert entry.module_mode and entry.child_graphs == 1 and entry.child_failed_captures == 1, str(stats)
+        assert stats.child_hits >= 3 and stats.eager_calls == 0, str(stats)
+    else:
+        assert entry.fallback.startswith("break output changed shape") and stats.failed_captures == 1, str(stats)
+        assert (stats.captures, stats.hits, stats.eager_calls) == (1, 2, 1), str(stats)
+    bcg.remove_acceleration(model)

@@ -9,9 +9,13 @@ import _host_helpers as helpers
 
 from bcg_diffusion.config import BCGConfig
 from bcg_diffusion.integration import entries, failures
+from bcg_diffusion.integration.breaks import narrowing
 from bcg_diffusion.integration.breaks.eager_modules import EagerModules
 from bcg_diffusion.integration.keys import HostTensor, ObjectState, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.integration.entry_kinds import EagerFallback
+from bcg_diffusion.integration.events import RunnerEvents
 from bcg_diffusion.integration.module_mode import UnitGraphs, replay_units
+from bcg_diffusion.integration.replays import Replayer
 
 host_value = helpers.host_value
 
@@ -170,12 +174,12 @@ def test_classes_of_the_same_name_are_told_apart_when_a_whole_class_becomes_eage
     ctx = _ctx(model)
     narrowed = []
     site = failures.FailureSite("method", path="blocks.0.gate", name="gelu", owner_class="GELU", owner_type=Gelu)
-    narrowed.append(entries._narrow(ctx, [site], narrowed))
+    narrowed.append(narrowing.narrow(ctx, [site], narrowed))
     assert narrowed == ["blocks.0.gate.gelu()"]
     site = failures.FailureSite("method", path="blocks.1.gate", name="gelu", owner_class="GELU", owner_type=Gelu)
-    assert entries._narrow(ctx, [site], narrowed) == "gelu() of every GELU (2 modules)"
+    assert narrowing.narrow(ctx, [site], narrowed) == "gelu() of every GELU (2 modules)"
     site = failures.FailureSite("module", path="blocks.1.act", owner_class="GELU", owner_type=torch_gelu)
-    assert entries._narrow(ctx, [site], narrowed) == "blocks.1.act"
+    assert narrowing.narrow(ctx, [site], narrowed) == "blocks.1.act"
     assert sorted(ctx.eager_modules.names) == ["blocks.0.gate.gelu()", "blocks.1.act", "blocks.1.gate.gelu()"]
     ctx.eager_modules.restore()
 
@@ -192,10 +196,10 @@ def test_a_second_failing_instance_makes_the_class_eager():
     model = Model()
     ctx = _ctx(model)
     narrowed = []
-    first = entries._narrow(ctx, [_module("blocks.0", Block)], narrowed)
+    first = narrowing.narrow(ctx, [_module("blocks.0", Block)], narrowed)
     assert first == "blocks.0" and ctx.eager_modules.names == ["blocks.0"]
     narrowed.append(first)
-    second = entries._narrow(ctx, [_module("blocks.1", Block)], narrowed)
+    second = narrowing.narrow(ctx, [_module("blocks.1", Block)], narrowed)
     assert second == "every Block (2 modules)" and sorted(ctx.eager_modules.names) == ["blocks.0", "blocks.1"]
     ctx.eager_modules.restore()
     assert "forward" not in model.blocks[0].__dict__ and "forward" not in model.blocks[1].__dict__
@@ -204,11 +208,11 @@ def test_a_second_failing_instance_makes_the_class_eager():
 def test_a_unit_that_is_eager_already_hands_the_failure_to_the_next_one_out():
     model = Model()
     ctx = _ctx(model)
-    assert entries._narrow(ctx, [_module("blocks.0", Block)], []) == "blocks.0"
+    assert narrowing.narrow(ctx, [_module("blocks.0", Block)], []) == "blocks.0"
     # blocks.0 failed again (its call bypassed the eager wrapper): the next unit out is the transformer
-    assert entries._narrow(ctx, [_module("blocks.0", Block)], ["blocks.0"]) is None  # nothing further out
+    assert narrowing.narrow(ctx, [_module("blocks.0", Block)], ["blocks.0"]) is None  # nothing further out
     root = failures.FailureSite("root", owner_class="Model", owner_type=Model)
-    assert entries._narrow(ctx, [_module("blocks.0", Block), root], ["blocks.0"]) is entries.MODULE_MODE
+    assert narrowing.narrow(ctx, [_module("blocks.0", Block), root], ["blocks.0"]) is narrowing.MODULE_MODE
     ctx.eager_modules.restore()
 
 
@@ -217,11 +221,11 @@ def test_a_method_failing_in_a_second_instance_is_made_eager_in_every_instance()
     ctx = _ctx(model)
     narrowed = []
     route = [failures.FailureSite("method", path="blocks.0", name="route", owner_class="Block", owner_type=Block)]
-    first = entries._narrow(ctx, route, narrowed)
+    first = narrowing.narrow(ctx, route, narrowed)
     assert first == "blocks.0.route()" and ctx.eager_modules.names == ["blocks.0.route()"]
     narrowed.append(first)
     route = [failures.FailureSite("method", path="blocks.1", name="route", owner_class="Block", owner_type=Block)]
-    second = entries._narrow(ctx, route, narrowed)
+    second = narrowing.narrow(ctx, route, narrowed)
     assert second == "route() of every Block (2 modules)"
     assert sorted(ctx.eager_modules.names) == ["blocks.0.route()", "blocks.1.route()"]
     assert ctx.eager_modules.method_paths(Block, "route") == ["blocks.0", "blocks.1"]
@@ -234,14 +238,14 @@ def test_a_method_failing_in_a_second_instance_is_made_eager_in_every_instance()
 def test_narrowing_stops_where_nothing_smaller_can_run_eagerly():
     model = Model()
     ctx = _ctx(model, max_narrowing=1)
-    assert entries._narrow(ctx, [], []) is None
-    assert entries._narrow(ctx, [_module("rope", Rope)], ["x"]) is None  # limit
+    assert narrowing.narrow(ctx, [], []) is None
+    assert narrowing.narrow(ctx, [_module("rope", Rope)], ["x"]) is None  # limit
     root = failures.FailureSite("root", owner_class="Model", owner_type=Model)
-    assert entries._narrow(ctx, [root], []) is entries.MODULE_MODE
+    assert narrowing.narrow(ctx, [root], []) is narrowing.MODULE_MODE
     child = entries.CaptureContext(model.blocks[0], model.blocks[0].forward, BCGConfig(), EagerModules(), None,
                                    lambda m: None, lambda: False, root=model)
     # a child captured in module mode cannot be narrowed to itself
-    assert entries._narrow(child, [_module("blocks.0", Block)], []) is None
+    assert narrowing.narrow(child, [_module("blocks.0", Block)], []) is None
 
 
 def test_a_problem_while_narrowing_never_reaches_the_caller(caplog):
@@ -253,9 +257,9 @@ def test_a_problem_while_narrowing_never_reaches_the_caller(caplog):
     real_locate = failures.locate
     try:
         failures.locate = lambda exc, root: [bogus]
-        assert entries._narrow_safely(ctx, info.value, []) == (None, " in rope.missing() (Rope)")
+        assert narrowing.narrow_safely(ctx, info.value, []) == (None, " in rope.missing() (Rope)")
         failures.locate = lambda exc, root: 1 / 0
-        assert entries._narrow_safely(ctx, info.value, []) == (None, "")
+        assert narrowing.narrow_safely(ctx, info.value, []) == (None, "")
     finally:
         failures.locate = real_locate
     assert "narrowing after a failed capture of Model did not work (ZeroDivisionError" in caplog.text
@@ -286,11 +290,12 @@ def test_module_mode_runs_units_through_their_slots_and_restores_them():
 
     def capture(module, call, key, layouts, pool):
         captured.append(dict(key.state)["module_mode_unit"])
-        return entries.GraphEntry(None, call.tensors, None, fallback="no CUDA here")
+        return EagerFallback(reason="no CUDA here")
 
     units = replay_units(model, spine=set(), skip={"rope"})
     assert [p for p, _ in units] == ["blocks.0", "blocks.1"]  # leaf modules ("out", a Linear) run eagerly
-    graphs = UnitGraphs(units, capture, BCGConfig(warmup_iters=1), reason="test", device_type="cpu")
+    replayer = Replayer(RunnerEvents(), lambda message: None, "break")
+    graphs = UnitGraphs(units, capture, BCGConfig(warmup_iters=1), replayer=replayer, reason="test", device_type="cpu")
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # first calls: eager, layouts recorded
     assert torch.equal(graphs.run(model.forward, (x,), {}), expected)  # then each slot is captured once
     assert captured == ["blocks.0", "blocks.1"]
@@ -298,6 +303,24 @@ def test_module_mode_runs_units_through_their_slots_and_restores_them():
     assert captured == ["blocks.0", "blocks.1"]
     assert (graphs.counters.warmup_calls, graphs.counters.failed_captures, graphs.counters.eager_calls) == (2, 2, 4)
     assert all("_call_impl" not in m.__dict__ for m in model.modules())
+
+
+def test_module_mode_captures_a_unit_on_static_inputs_with_the_live_strides():
+    model = Model()
+    gapped = torch.randn(2, 8)[:, ::2]  # a gapped view (a slice): its buffer keeps the gaps, as static_copy does
+    strides = []
+
+    def capture(module, call, key, layouts, pool):
+        strides.append([(t.stride(), t.data_ptr() != gapped.data_ptr()) for t in call.tensors])
+        return EagerFallback(reason="no CUDA here")
+
+    graphs = UnitGraphs([("blocks.0", model.blocks[0])], capture, BCGConfig(warmup_iters=1),
+                        replayer=Replayer(RunnerEvents(), lambda message: None, "break"), reason="test",
+                        fresh_outputs=True, device_type="cpu")
+    forward = lambda x: model.blocks[0](x)  # noqa: E731 - the transformer's own Python, calling the unit
+    for _ in range(2):
+        graphs.run(forward, (gapped,), {})
+    assert strides == [[(gapped.stride(), True)]]  # a copy, with the live (2, 8)-gapped strides
 
 
 def test_replay_units_follow_the_eager_spine_and_skip_leaves_and_hooked_modules():

@@ -114,6 +114,25 @@ def test_disable_cache_removes_the_hooks_and_reset_restarts_the_decisions(quiet,
     disable_cache(pipe.transformer)  # twice: nothing to do
 
 
+def test_the_step_cache_hook_names_are_diffusers_hook_classes_and_the_library_replays_around_each():
+    """One list (``bcg_diffusion.STEP_CACHE_HOOK_NAMES``) for the library's rules and the kit's disable and reset."""
+    import importlib
+    import pkgutil
+
+    import diffusers.hooks
+    from diffusers.hooks.hooks import ModelHook
+
+    import bcg_diffusion
+    from bcg_diffusion.integration.model_state import STEP_CACHE_HOOKS
+
+    hook_classes = {name for info in pkgutil.iter_modules(diffusers.hooks.__path__)
+                    for name, value in vars(importlib.import_module(f"diffusers.hooks.{info.name}")).items()
+                    if isinstance(value, type) and issubclass(value, ModelHook)}
+    assert set(bcg_diffusion.STEP_CACHE_HOOK_NAMES) <= hook_classes
+    assert bcg_diffusion.STEP_CACHE_HOOK_NAMES == tuple(STEP_CACHE_HOOKS)
+    assert all(STEP_CACHE_HOOKS[name].replay_body for name in bcg_diffusion.STEP_CACHE_HOOK_NAMES)
+
+
 def test_docs_list_the_same_families():
     """docs/generate.md's table of where each cache runs is CACHE_FAMILIES."""
     import re

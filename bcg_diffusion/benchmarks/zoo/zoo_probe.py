@@ -4,7 +4,8 @@ For each case: build the tiny model (random weights, seed 0) on the device, run 
 (is eager repeatable?), accelerate it with ``BCGConfig(allow_unknown=True)``, call it three times with the
 same inputs and once with a fresh copy of them (other tensor objects, same values), compare every output
 bitwise with the first eager output, and read ``get_stats``: what was captured (keys, segments, breaks,
-eager modules), why a key fell back, how many calls ran eagerly and the runner's logged reason for them.
+eager modules), why a key fell back, how many calls ran eagerly and why (the runner events, through
+``bcg_diffusion.toolkit.listening``).
 Every failure is caught per case and recorded as a result. A JSON file and a Markdown table are written
 after each case. Without CUDA, acceleration is a no-op: the probe then checks eager determinism and the
 plumbing only. ``--sync-scan`` (CUDA) also lists every host synchronisation one eager forward makes
@@ -20,12 +21,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import gc
 import json
-import logging
 import time
 import traceback
 import warnings
@@ -37,6 +36,7 @@ import torch
 
 import bcg_diffusion
 from bcg_diffusion.core import walk
+from bcg_diffusion.toolkit.listening import listening
 from bcg_pipelines import zoo
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -66,7 +66,7 @@ class CaseResult:
     bitwise: list[bool] = field(default_factory=list)  # per accelerated call, the last one on fresh inputs
     max_diff: list[float | None] = field(default_factory=list)
     stats: dict[str, Any] | None = None
-    eager_reasons: list[str] = field(default_factory=list)  # the runner's logged "runs eagerly" reasons
+    eager_reasons: list[str] = field(default_factory=list)  # why calls ran eagerly (the runner events)
     warnings: list[str] = field(default_factory=list)
     sync_sites: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
@@ -111,67 +111,12 @@ def snapshot(out: Any) -> list[tuple[str, torch.Tensor]]:
     return [(path, tensor.detach().clone()) for path, tensor in output_tensors(out)]
 
 
-# -- collecting what the library says ----------------------------------------------------------------
-class _ReasonLog(logging.Handler):
-    """Collects the runner's ``runs eagerly: <reason>`` info lines (the only record of a no-key call)."""
-
-    def __init__(self, lines: list[str]) -> None:
-        super().__init__(logging.INFO)
-        self.lines = lines
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "runs eagerly" in message and message not in self.lines:
-            self.lines.append(message)
-
-
-@dataclass
-class Heard:
-    """What the library said during a case: the runner's eager reasons and the warnings (first lines)."""
-
-    eager_reasons: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def listening() -> Iterator[Heard]:
-    """Collect the ``bcg_diffusion`` logger's eager reasons and every warning raised inside."""
-    heard = Heard()
-    logger = logging.getLogger("bcg_diffusion")
-    handler, level = _ReasonLog(heard.eager_reasons), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                yield heard
-            finally:
-                for warning in caught:
-                    line = str(warning.message).strip().splitlines()[0][:300] if str(warning.message).strip() else ""
-                    if line and line not in heard.warnings:
-                        heard.warnings.append(line)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
-def module_mode_keys(model: torch.nn.Module) -> int | None:
-    """How many of the model's keys run in module mode (forward eager, children replay). Read from the
-    runner, which get_stats does not expose; ``None`` where this bcg_diffusion has no such attribute."""
-    acceleration = model.__dict__.get("_bcg_acceleration")
-    entries = getattr(getattr(acceleration, "runner", None), "entries", None)
-    if entries is None:
-        return None
-    return sum(bool(getattr(entry, "module_mode", False)) for entry in entries.values())
-
-
 def stats_dict(model: torch.nn.Module) -> dict[str, Any] | None:
     stats = bcg_diffusion.get_stats(model)
     if not stats.active:
         return None
     record = dataclasses.asdict(stats)
-    record["module_mode_keys"] = module_mode_keys(model)
+    record["module_mode_keys"] = sum(e.module_mode for e in stats.entries)  # forward eager, children replay
     record["text"] = str(stats)
     return record
 
@@ -284,7 +229,7 @@ def probe_case(case: zoo.ZooCase, device: torch.device, dtype: torch.dtype, seed
                 except Exception:  # noqa: BLE001 - cleanup must not mask the result
                     pass
     result.eager_reasons = heard.eager_reasons
-    result.warnings = heard.warnings
+    result.warnings = [line[:300] for line in heard.warnings]
     result.seconds = round(time.perf_counter() - start, 3)
     del model
     gc.collect()
