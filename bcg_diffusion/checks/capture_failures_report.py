@@ -111,11 +111,7 @@ def markdown(report: LoopReport) -> str:
         f"- unhandled exceptions: {report.unhandled_exceptions}; planted interrupts swallowed: "
         f"{report.swallowed_interrupts}",
         f"- result: {'PASS' if report.passed else 'FAIL'}",
-        "",
-        "## Checks",
-        "",
-        "| check | passed |",
-        "|---|---|",
+        "", "## Checks", "", "| check | passed |", "|---|---|",
         *[f"| {name} | {'yes' if ok else 'NO'} |" for name, ok in report.checks().items()],
     ]
     memory = report.memory_summary()
