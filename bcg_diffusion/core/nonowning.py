@@ -92,6 +92,8 @@ class BreakArguments:
             if not self._detachable(t):
                 return t
             storage = t.untyped_storage()
+            if storage.nbytes() == 0:  # no memory to pin: held as it is
+                return t
             view = non_owning_view(t)
             self._pending.append(_Recorded(view, StorageWeakRef(storage), storage.data_ptr(), name))
             return view
