@@ -296,10 +296,14 @@ def rss_bytes(pid: int | None) -> int | None:
 
 
 def wait_idle(url: str, timeout_s: float) -> dict[str, Any]:
-    """``/stats`` once nothing is queued, batching or running (or after ``timeout_s``; ``idle`` says which)."""
+    """``/stats`` once nothing is queued, batching or running (or after ``timeout_s``; ``idle`` says which).
+    A server that does not answer gives ``{"idle": False, "error": ...}`` (a dead server is reported, not raised)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stats = get_stats(url)
+        try:
+            stats = get_stats(url)
+        except Exception as exc:  # noqa: BLE001 - the report says the server stopped answering
+            return {"idle": False, "error": f"/stats: {type(exc).__name__}: {exc}"}
         c = stats.get("counters", {})
         idle = not (c.get("queue_depth") or c.get("running") or c.get("batch_pending"))
         if idle or time.monotonic() >= deadline:
@@ -312,7 +316,8 @@ def checkpoint(url: str, pid: int | None, sent: int, timeout_s: float) -> dict[s
     stats = wait_idle(url, timeout_s)
     memory = stats.get("gpu_memory") or {}
     return {"sent": sent, "t": time.time(), "idle": stats["idle"], "gpu_allocated": memory.get("allocated_bytes"),
-            "gpu_reserved": memory.get("reserved_bytes"), "rss": rss_bytes(pid), "counters": stats.get("counters")}
+            "gpu_reserved": memory.get("reserved_bytes"), "rss": rss_bytes(pid), "counters": stats.get("counters"),
+            "error": stats.get("error")}
 
 
 class _Sampler(threading.Thread):
@@ -499,6 +504,9 @@ def soak_server(args: argparse.Namespace, words: list[str]) -> Iterator[tuple[st
         wait_ready([server], args.spawn_timeout)
         yield server.url, server.process.pid, full, note
     finally:
+        if server.process.poll() is not None:  # it died: say so (a signal is a negative code)
+            print(f"soak: the server exited with code {server.process.returncode} during the soak; its log "
+                  f"{server.log_path}:\n{server.log_tail()}", flush=True)
         stop_server(server)
 
 

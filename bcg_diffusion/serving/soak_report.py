@@ -50,7 +50,7 @@ def server_counters(run: Any) -> dict[str, Any]:
     errors = {k: v for k, v in errors.items() if v}
     requests, ok = end.get("requests", 0) - start.get("requests", 0), end.get("ok", 0) - start.get("ok", 0)
     return {"requests": requests, "ok": ok, "errors": errors, "balanced": requests == ok + sum(errors.values()),
-            "idle_at_end": run.stats_end.get("idle")}
+            "idle_at_end": run.stats_end.get("idle"), "error": run.stats_end.get("error")}
 
 
 def image_checks(run: Any) -> dict[str, Any]:
@@ -84,6 +84,7 @@ def checks_of(summary: dict[str, Any], gpu_tolerance: float, host_tolerance: flo
     server_5xx = sum(v for k, v in counters["errors"].items() if k.startswith("5"))
     gpu, host = summary["gpu_memory"], summary["host_memory"]
     return {
+        "the server answered to the end": not summary["server_counters"]["error"],
         "every request sent": summary["not_sent"] == 0,
         "0 lost requests: every request answered": summary["lost"] == 0,
         "0 lost requests: /stats requests = ok + errors": counters["balanced"],

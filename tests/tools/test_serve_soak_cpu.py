@@ -34,6 +34,8 @@ def test_the_server_gets_what_the_mix_needs_without_losing_its_own_options():
     assert "--lora" in words and "soak1=/tmp/a" in words and words.count("--inject") == 3
     assert words[words.index("--warmup") + 1] == "32x32,32x48"
     assert soak._dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n") == b"abcde"
+    gone = soak.wait_idle("http://127.0.0.1:1", 1.0)  # a server that stopped answering is reported, not raised
+    assert gone["idle"] is False and "/stats" in gone["error"]
 
 
 def test_a_short_soak_of_a_live_server_passes_every_check(tmp_path):
