@@ -17,10 +17,12 @@ the native death, the plants planned after it ``skipped``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -42,6 +44,7 @@ class ProgressLog:
         _replace(out_dir / PLAN, json.dumps(plan, indent=1))
         (out_dir / RUNNING).unlink(missing_ok=True)
         (out_dir / RESULTS).write_text("")
+        self._was_enabled = faulthandler.is_enabled()  # pytest enables it on stderr, for one
         self._faults = open(out_dir / FAULTS, "w")  # noqa: SIM115 - open for the run: faulthandler writes to it
         faulthandler.enable(file=self._faults, all_threads=True)
 
@@ -64,6 +67,9 @@ class ProgressLog:
         (self.out_dir / RUNNING).unlink(missing_ok=True)
         faulthandler.disable()
         self._faults.close()
+        if self._was_enabled:
+            with contextlib.suppress(Exception):  # a stderr without a file descriptor: leave it off
+                faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def _replace(path: Path, text: str) -> None:
