@@ -3,6 +3,8 @@
 - :mod:`.planting`: plants work a graph cannot hold or must not bake in at seeded sites of the zoo's
   models and checks each planted model against an eager twin with the same plant
   (``python -m bcg_diffusion.checks.planting --seed S --plants N --out DIR``).
+- :mod:`.capture_failures`: a capture made to fail N times in a row in one process while other keys replay,
+  every output checked against an eager twin (``python -m bcg_diffusion.checks.capture_failures``).
 - :mod:`.smoke_full_pipelines`: every family's FULL pipeline (random weights) built and run on a GPU
   (``python scripts/smoke_full_pipelines.py``).
 """

@@ -26,11 +26,16 @@ A plant whose twin raised or never ran the plant is ``invalid`` (the harness's p
 Plants are drawn from the seed (the same seed gives the same plants), spread over classes and over every
 (site kind, kind) pair, and run in that order until the time budget ends. With ``--jobs N`` the plan runs in
 child processes (N at a time, ``--chunk`` plants each): a native crash (a signal) is then reported as that
-plant's ``crash`` instead of ending the run.
+plant's ``crash`` instead of ending the run. With ``--in-process`` every plant runs in this one process, as a
+long-lived server's captures do, and the progress is written as it goes (:mod:`.planting_progress`): a native
+crash ends the run, the plant it happened in stays on disk, and ``--rebuild-report`` writes the reports of
+the dead run.
 
 Command line::
 
     python -m bcg_diffusion.checks.planting --seed 0 --plants 600 --out bench_results/planting --time-budget 300 --jobs 3
+    python -m bcg_diffusion.checks.planting --seed 0 --plants 1000 --out DIR --time-budget 480 --in-process
+    python -m bcg_diffusion.checks.planting --out DIR --rebuild-report   # after an --in-process run died
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from bcg_pipelines import zoo
 from bcg_diffusion.toolkit.listening import listening
 
 from .planting_processes import result_from_dict, run_in_processes
+from .planting_progress import ProgressLog, rebuild
 from .planting_kinds import HIDDEN_STATE, HOST_READ, KINDS, PlantState
 from .planting_report import write_reports
 from .planting_sites import OPAQUE_SITES, SITE_KINDS, Plant, Site, Survey, install, survey, train_mode
@@ -368,14 +374,14 @@ def run(seed: int, plants: int, device: torch.device, dtype: torch.dtype, time_b
             result = PlantResult(spec.index, spec.case, spec.site_kind, spec.kind, KINDS[spec.kind].family,
                                  status="skipped", error=why)
         else:
+            if on_start is not None:  # before the case is built: a death while building it is this plant's
+                on_start(spec)
             if spec.case not in bundles:
                 try:
                     bundles[spec.case] = build_bundle(cases[spec.case], device, dtype, calls)
                 except Exception as exc:  # noqa: BLE001 - a case that cannot be built is reported per plant
                     bundles[spec.case] = f"building the case failed: {_error(exc)}"
             bundle = bundles[spec.case]
-            if on_start is not None:
-                on_start(spec)
             if isinstance(bundle, str):
                 result = PlantResult(spec.index, spec.case, spec.site_kind, spec.kind, KINDS[spec.kind].family,
                                      status="invalid", error=bundle)
@@ -425,31 +431,74 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run the plan in child processes, this many at a time (0: in this process); a child "
                              "that dies costs only the plant it was running, reported as a crash")
     parser.add_argument("--chunk", type=int, default=100, help="plants per child process (with --jobs)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every plant in this one process and write the progress as it goes "
+                             "(planting_running.json, planting.jsonl, planting_fault.txt): a native crash ends "
+                             "the run, and the plant it happened in is known")
+    parser.add_argument("--rebuild-report", action="store_true",
+                        help="write planting.json and planting.md in --out from the progress files of an "
+                             "--in-process run that died (its running plant a crash, the rest skipped)")
     parser.add_argument("--results-jsonl", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results
     parser.add_argument("--only", help="plant indices to run, of the same plan (e.g. 3,10-12): to reproduce one")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+def _header(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     import diffusers
-    from diffusers.utils import logging as diffusers_logging
 
-    diffusers_logging.set_verbosity_error()  # models' own notes, once per call, would bury the results
-    warnings.simplefilter("ignore")  # outside the accelerated calls (which record every warning)
-    header = {
+    return {
         "commit": args.commit or current_commit(), "seed": args.seed, "plants": args.plants,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (debug mode)",
         "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__, "diffusers": diffusers.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M"), "time_budget_s": args.time_budget, "calls": args.calls,
     }
+
+
+def _result_of(plant: dict, status: str, error: str) -> PlantResult:
+    """A result with no run behind it (a crash, a skip) for a plant of the plan (a spec or its dict)."""
+    return PlantResult(plant["index"], plant["case"], plant["site_kind"], plant["kind"], KINDS[plant["kind"]].family,
+                       status=status, error=error)
+
+
+def rebuild_report(out: Path) -> int:
+    """``--rebuild-report``: the reports of an ``--in-process`` run that died, from its progress files."""
+    try:
+        header, results = rebuild(out, _result_of, lambda d: result_from_dict(PlantResult, d))
+    except FileNotFoundError as exc:
+        print(f"planting: {exc}", file=sys.stderr)
+        return 2
+    json_path, md_path = write_reports(out, results, header)
+    print(f"the run died in plant {header['died_in_plant']}; wrote {json_path} and {md_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rebuild_report:
+        return rebuild_report(args.out)
+    if args.in_process and args.jobs > 0:
+        print("planting: --in-process runs every plant in this process; leave out --jobs", file=sys.stderr)
+        return 2
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()  # models' own notes, once per call, would bury the results
+    warnings.simplefilter("ignore")  # outside the accelerated calls (which record every warning)
+    header = _header(args, device, dtype)
     started = time.perf_counter()
     results: list[PlantResult] = []
+    only = parse_indices(args.only) if args.only else None
+    progress = None
+    if args.in_process:
+        header["process"] = "one process (--in-process)"
+        specs = [s for s in plan(args.seed, args.plants, planted_cases(args.classes)) if only is None or s.index in only]
+        progress = ProgressLog(args.out, header, specs)
 
     def report(result: PlantResult) -> None:
         results.append(result)
+        if progress is not None:
+            progress.result(result)
         if args.results_jsonl is not None:
             with args.results_jsonl.open("a") as f:
                 f.write(json.dumps(dataclasses.asdict(result)) + "\n")
@@ -461,23 +510,24 @@ def main(argv: list[str] | None = None) -> int:
             write_reports(args.out, results, dict(header, seconds=round(time.perf_counter() - started, 1)))
 
     def starting(spec: PlantSpec) -> None:
-        print(f"plant {spec.index}: {spec.case} {spec.site_kind} {spec.kind} "
-              f"({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+        if progress is not None:
+            progress.start(spec)
+        if args.progress:
+            print(f"plant {spec.index}: {spec.case} {spec.site_kind} {spec.kind} "
+                  f"({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
 
-    only = parse_indices(args.only) if args.only else None
     if args.jobs > 0:
-        def make_result(index: int, status: str, error: str) -> PlantResult:
-            spec = specs[index]
-            return PlantResult(index, spec.case, spec.site_kind, spec.kind, KINDS[spec.kind].family, status=status, error=error)
-
         specs = plan(args.seed, args.plants, planted_cases(args.classes))
         header.update(jobs=args.jobs, chunk=args.chunk)
-        run_in_processes(args, [s.index for s in specs if only is None or s.index in only], make_result,
+        run_in_processes(args, [s.index for s in specs if only is None or s.index in only],
+                         lambda i, status, error: _result_of(dataclasses.asdict(specs[i]), status, error),
                          lambda d: result_from_dict(PlantResult, d), report)
     else:
         run(args.seed, args.plants, device, dtype, args.time_budget, args.classes, args.calls, on_result=report,
-            on_start=starting if args.progress else None, only=only)
+            on_start=starting if args.progress or progress is not None else None, only=only)
     json_path, md_path = write_reports(args.out, results, dict(header, seconds=round(time.perf_counter() - started, 1)))
+    if progress is not None:
+        progress.finish()
     print("\n".join(md_path.read_text().split("\n## ")[0].splitlines()[4:14]))  # the totals
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -94,6 +94,11 @@ def markdown(results: list[Any], header: dict[str, Any]) -> str:
         "",
         _HEAD.format("kind (family)"),
     ]
+    if header.get("process"):
+        died = header.get("died_in_plant")
+        note = (f"the process died natively in plant {died} (its crash below; the plants after it skipped)"
+                if died is not None else "no native death")
+        lines[4:4] = [f"- every plant in {header['process']}: {note}"]
     for name, kind in KINDS.items():
         lines.append(_row(f"{name} ({kind.family})", [r for r in results if r.kind == name]))
     lines += ["", "## By site kind", "", _HEAD.format("site kind")]

@@ -21,10 +21,12 @@ from .copy_back import BreakOutputMismatchError, copy_into
 from .graph import BreakableCUDAGraph, GraphState
 from .handles import RemovableHandle, live_handles
 from .nonowning import non_owning_view
+from .pool_check import BreakArgumentOutsidePoolError
 from .replay_token import get_current_replay_token, replay_token_scope
 from .tree import walk
 
 __all__ = [
+    "BreakArgumentOutsidePoolError",
     "BreakableCUDAGraph",
     "BreakableCUDAGraphCapture",
     "BreakOutputMismatchError",

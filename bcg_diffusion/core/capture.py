@@ -16,7 +16,8 @@ from .active_capture import ACTIVE_CAPTURE, is_capturing_breakable
 from .boxing import box_tuple, unbox_tuple
 from .graph import BreakableCUDAGraph, GraphState, _EagerBreak
 from .hooked_calls import CapturedBody, HookedCallStep, argument_signature, bypassing_hooks
-from .nonowning import PoolMembership, detach_from_pool, non_owning_view
+from .nonowning import BreakArguments, KeptNonOwning, non_owning_view
+from .pool_check import check_enabled, check_in_pool
 from .replay_token import no_replay_token
 from .tree import tree_map
 
@@ -36,11 +37,11 @@ class _CaptureState:
         self.debug = debug
         self.segment: torch.cuda.CUDAGraph | None = None
         self.in_break = False
-        if parent is not None:  # a body sub-graph: same stream, forks and pool as the enclosing capture
-            self.tracker, self.membership = parent.tracker, parent.membership
+        if parent is not None:  # a body sub-graph: same stream, forks, pool and break arguments as its capture
+            self.tracker, self.arguments = parent.tracker, parent.arguments
         else:
             self.tracker = side_streams.ForkTracker(stream) if stream is not None else None
-            self.membership = PoolMembership(pool, stream.device) if stream is not None else None
+            self.arguments = BreakArguments()  # finalized when this (outermost) capture ends
         self._to_refork: list = []
 
     def begin_segment(self) -> None:
@@ -117,8 +118,8 @@ class _CaptureState:
         self.graph._add_break(
             _EagerBreak(
                 fn=fn,
-                args=detach_from_pool(args, self.membership),
-                kwargs=detach_from_pool(kwargs, self.membership),
+                args=self.arguments.detach(args, name),
+                kwargs=self.arguments.detach(kwargs, name),
                 output=bridge,
                 name=name,
             )
@@ -173,7 +174,7 @@ class _CaptureState:
             raise
         finally:
             ACTIVE_CAPTURE.reset(token)
-        keep = (lambda v: v) if retain_args else (lambda v: detach_from_pool(v, self.membership))
+        keep = (lambda v: v) if retain_args else (lambda v: self.arguments.detach(v, name))
         self.graph._add_break(
             HookedCallStep(
                 chain=chain,
@@ -191,6 +192,15 @@ class _CaptureState:
         )
         self.begin_segment()
         return outputs
+
+    def finalize_arguments(self) -> list[KeptNonOwning]:
+        """After the whole capture ended: break arguments still alive become owning, the others stay
+        non-owning and are returned (:mod:`.nonowning`); with ``BCG_DIFFUSION_CHECK_BREAK_ARGS=1`` those
+        are checked to lie in the pool (:mod:`.pool_check`, an allocator snapshot), raising if one does not."""
+        kept = self.arguments.finalize()
+        if kept and self.stream is not None and check_enabled():
+            check_in_pool(kept, self.pool, self.stream.device)
+        return kept
 
     def abort(self) -> None:
         """End an open segment after a failure so that no stream is left capturing."""
@@ -425,6 +435,7 @@ class BreakableCUDAGraphCapture:
             if state is not None and exc_type is None:
                 try:
                     state.end_segment()
+                    state.finalize_arguments()
                     self.graph._finish()
                 except BaseException as end_exc:
                     state.abort()

@@ -17,6 +17,8 @@ Modules, one job each:
 - :mod:`.png`: PNG + base64 encoding and the hashes the load test compares.
 - :mod:`.load_test`: the load command; its parts :mod:`.load_mix` (the request mix), :mod:`.load_run`
   (sending it), :mod:`.load_report` (summaries, the cross-check) and :mod:`.spawn` (servers it starts).
+- :mod:`.soak`: the server soak (``python -m bcg_diffusion.serving.soak``): thousands of requests of every kind,
+  memory checkpoints, every answer checked; :mod:`.soak_report` its checks and reports.
 
 The FastAPI, uvicorn and httpx imports are the ``serve`` extra (``pip install -e ".[serve]"``); the commands
 say so when it is missing instead of failing on import.

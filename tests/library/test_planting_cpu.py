@@ -127,14 +127,22 @@ def test_a_twin_that_does_not_repeat_itself_gets_no_verdict(flux, monkeypatch):
 
 
 def test_the_command_writes_its_reports(tmp_path, capsys):
+    """In one process (``--in-process``): the reports, and the progress written as it went."""
     assert planting.main(["--seed", "2", "--plants", "2", "--calls", "2", "--classes", FLUX, "--out", str(tmp_path),
-                          "--commit", "abc123"]) == 0
+                          "--commit", "abc123", "--in-process"]) == 0
     report = json.loads((tmp_path / "planting.json").read_text())
     assert report["header"]["commit"] == "abc123" and len(report["plants"]) == 2
     assert report["summary"]["ran"] == 2 and report["summary"]["crashes"] == 0
     text = (tmp_path / "planting.md").read_text()
     assert "Commit `abc123`" in text and "## By kind" in text and "## By site kind" in text
     assert "plants run: 2 of 2" in capsys.readouterr().out
+    assert report["header"]["process"] == "one process (--in-process)"
+    assert "every plant in one process (--in-process): no native death" in text
+    lines = (tmp_path / "planting.jsonl").read_text().splitlines()
+    assert [json.loads(line)["index"] for line in lines] == [0, 1]
+    assert not (tmp_path / "planting_running.json").exists()
+    assert planting.main(["--out", str(tmp_path), "--rebuild-report"]) == 2  # no run died there
+    assert planting.main(["--out", str(tmp_path), "--in-process", "--jobs", "2"]) == 2
 
 
 def test_a_child_that_dies_costs_only_the_plant_it_was_running(tmp_path, monkeypatch):
@@ -198,3 +206,43 @@ def test_a_planted_processor_keeps_the_keyword_arguments_its_processor_names():
     finally:
         undo()
     assert "planted" not in Processor.__call__.__name__
+
+
+_DIES_IN_PLANT_3 = r"""
+import os, signal, sys
+from bcg_diffusion.checks import planting
+
+def run_plant(spec, bundle, seed, device, site=None):
+    if spec.index == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)  # a native death, as torch's was
+    return planting.PlantResult(spec.index, spec.case, spec.site_kind, spec.kind, "f", status="ok", replayed_calls=2)
+
+planting.build_bundle = lambda case, device, dtype, calls: object()
+planting.run_plant = run_plant
+sys.exit(planting.main(sys.argv[1:]))
+"""
+
+
+def test_an_in_process_run_that_dies_natively_leaves_the_plant_it_died_in(tmp_path):
+    """A SIGSEGV in plant 3 ends the run (no Python handler can catch it); the progress files name plant 3,
+    faulthandler wrote the stacks, and --rebuild-report makes plant 3 a crash and plants 4-5 skipped."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "dies.py"
+    script.write_text(_DIES_IN_PLANT_3)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(script), "--seed", "0", "--plants", "6", "--classes", FLUX,
+                           "--out", str(out), "--commit", "abc123", "--in-process"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode < 0, (done.returncode, done.stderr[-2000:])  # killed by the signal
+    running = json.loads((out / "planting_running.json").read_text())
+    assert running["plant"]["index"] == 3 and running["finished_before"] == 3
+    assert "Segmentation fault" in (out / "planting_fault.txt").read_text()
+    assert planting.main(["--out", str(out), "--rebuild-report"]) == 0
+    report = json.loads((out / "planting.json").read_text())
+    statuses = [(p["index"], p["status"]) for p in report["plants"]]
+    assert statuses == [(0, "ok"), (1, "ok"), (2, "ok"), (3, "crash"), (4, "skipped"), (5, "skipped")]
+    assert "died natively" in report["plants"][3]["error"] and "Segmentation fault" in report["plants"][3]["error"]
+    assert report["header"]["died_in_plant"] == 3 and report["summary"]["crashes"] == 1
+    assert "the process died natively in plant 3" in (out / "planting.md").read_text()

@@ -1,0 +1,58 @@
+"""The server soak (bcg_diffusion/serving/soak.py) on the CPU: its mix, the server options it adds, and a short soak
+of a live tiny Flux server (40 requests: images of two sizes, n 1 and 2, a LoRA adapter, batching, bad requests,
+injected faults, clients that disconnect, a client that sends its body slowly) with every check of the full run
+(GPU memory: not measured without a GPU). The server listens on 127.0.0.1 and is stopped by the soak."""
+
+import argparse
+import json
+
+import pytest
+
+pytest.importorskip("httpx")
+
+from bcg_diffusion.serving import soak  # noqa: E402
+from bcg_diffusion.serving.soak_report import checks_of  # noqa: E402
+
+
+def test_the_mix_is_seeded_and_holds_every_kind():
+    mix = soak.SoakMix(sizes=("32x32", "32x48"), models=("", "soak1"), distinct=4, fault_steps=2)
+    requests = soak.build_requests(mix, 40)
+    assert requests == soak.build_requests(mix, 40) and {r.kind for r in requests} == set(soak.KINDS)
+    images = [r for r in requests if r.kind == "image"]
+    assert len({r.identity for r in images}) <= 4 and {r.body["size"] for r in images} == {"32x32", "32x48"}
+    assert {r.body.get("model", "") for r in images} == {"", "soak1"} and {r.body["n"] for r in images} == {1, 2}
+    faults = [r for r in requests if r.kind in ("fault_error", "fault_oom")]
+    assert all(r.body["num_inference_steps"] == 2 and r.body["prompt"] in soak.INJECT_PROMPTS.values() for r in faults)
+    assert all(r.raw is not None and r.expect in ((400,), (404,)) for r in requests if r.kind == "bad")
+    assert [r.expect for r in requests if r.kind == "disconnect"] == [()] * 2
+
+
+def test_the_server_gets_what_the_mix_needs_without_losing_its_own_options():
+    args = argparse.Namespace(sizes="32x32,32x48", concurrency=8)
+    words = soak.server_arguments(["--model", "flux", "--max-batch", "2"], args, {"soak1": "/tmp/a"})
+    assert words[:4] == ["--model", "flux", "--max-batch", "2"] and words.count("--max-batch") == 1
+    assert "--lora" in words and "soak1=/tmp/a" in words and words.count("--inject") == 3
+    assert words[words.index("--warmup") + 1] == "32x32,32x48"
+    assert soak._dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n") == b"abcde"
+    gone = soak.wait_idle("http://127.0.0.1:1", 1.0)  # a server that stopped answering is reported, not raised
+    assert gone["idle"] is False and "/stats" in gone["error"]
+
+
+def test_a_short_soak_of_a_live_server_passes_every_check(tmp_path):
+    code = soak.main(["--spawn", "--model flux --device cpu --steps 1 --max-pixels 16384 --batch-window-ms 300",
+                      "--sizes", "32x32,32x48", "--requests", "40", "--distinct", "4", "--adapters", "1",
+                      "--concurrency", "8", "--phases", "4", "--time-limit", "400", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "soak.json").read_text())
+    assert code == 0 and report["passed"], (report["checks"], report["unexpected"])
+    assert all(kind["sent"] >= 1 and kind["as_expected"] == kind["sent"] for kind in report["by_kind"].values())
+    counters = report["server_counters"]
+    assert counters["errors"]["500"] == 1 and counters["errors"]["503"] == 1 and counters["requests"] == report["sent"]
+    assert report["images"]["alone_sent"] >= 2 and report["gpu_memory"] is None
+    assert [c["sent"] for c in report["checkpoints"]] == [0, 10, 20, 30, 40]
+    assert "result: PASS" in (tmp_path / "soak.md").read_text()
+    assert "soak1" in (tmp_path / "server.log").read_text()
+    # the checks fail where they must: a lost request, an unbalanced /stats
+    failing = {**report, "lost": 1, "server_counters": {**counters, "balanced": False}}
+    checks = checks_of(failing, 0.01, 0.05)
+    assert checks["0 lost requests: every request answered"] is False
+    assert checks["0 lost requests: /stats requests = ok + errors"] is False
