@@ -21,6 +21,8 @@ from bcg_diffusion.toolkit.speedups import speed_up
 from .adapter_options import attach_adapters, warm_adapters
 from .app import ServerState
 from .batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
+from .step_batching import StepBatcher
+from .stepping import StepError
 from .granularity import pixel_granularity
 from .requests import RequestError, RequestLimits, RequestPlanner
 from .server_plan import ServerPlan, prog
@@ -53,16 +55,32 @@ def build_server(plan: ServerPlan) -> ServerState:
     shapes = batching_setup(pipe, planner, plan)
     counters, worker = ServerCounters(), PipelineWorker()
     generator = ImageGenerator(pipe, plan.device, counters, dict(plan.injections))
+    batcher = None
     try:
-        warmup = warm_up(worker, generator, planner, list(plan.warmup), shapes)
-        warm_adapters(adapters, worker, generator, lambda: warm_up(worker, generator, planner, list(plan.warmup), shapes))
+        batcher = make_batcher(plan, worker, generator, shapes)
+        warm = (lambda: warm_up(worker, generator, planner, list(plan.warmup), shapes, batcher))
+        warmup = warm()
+        warm_adapters(adapters, worker, generator, warm)
     except BaseException:
+        if batcher is not None:
+            batcher.stop()
         worker.stop()
         raise
-    batcher = (RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
-               if shapes is not None else None)
     return ServerState(planner, worker, generator, counters, server_info(plan, spec, pipe, planner, warmup),
                        plan.max_queue, api_key=plan.api_key, batcher=batcher)
+
+
+def make_batcher(plan: ServerPlan, worker: PipelineWorker, generator: ImageGenerator, shapes: BatchShapes | None):
+    """The request batcher, the step batcher (``--batching step``), or ``None`` without batching; ``Failure`` (2)
+    for a pipeline the step scheduler cannot split."""
+    if shapes is None:
+        return None
+    if plan.step is None:
+        return RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
+    try:
+        return StepBatcher(worker, generator, shapes, plan.step)
+    except StepError as exc:
+        raise Failure(2, f"{prog()}: error: --batching step: {exc}") from exc
 
 
 def build_pipeline(plan: ServerPlan):
@@ -154,29 +172,55 @@ def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan) -> BatchShap
     if planner.limits.max_n > rows:
         print(f"  batching: n is capped at --max-batch {rows} (was --max-n {planner.limits.max_n})", flush=True)
         planner.limits = dataclasses.replace(planner.limits, max_n=rows)
-    print(f"  batching: up to {rows} images per call, window {plan.batch_window_ms:g} ms; every batched "
-          f"call runs {rows} rows (a lone request pays for a full batch)", flush=True)
+    if plan.step is not None:
+        print(f"  batching: step level, a running batch of {rows} slots per size (policy {plan.step.policy}); "
+              f"requests join at every step, every step runs {rows} rows (a lone request pays for a full batch)",
+              flush=True)
+    else:
+        print(f"  batching: up to {rows} images per call, window {plan.batch_window_ms:g} ms; every batched "
+              f"call runs {rows} rows (a lone request pays for a full batch)", flush=True)
     for width, height in plan.warmup or [(planner.default_width, planner.default_height)]:
         print(f"    {shapes.describe(width, height, planner.default_job(width, height).call)}", flush=True)
     return shapes
 
 
 def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner,
-            sizes: list[tuple[int, int]], shapes: BatchShapes | None = None) -> dict[str, Any]:
-    """Run the warm-up on the worker thread; print its report; its summary for ``/stats``."""
+            sizes: list[tuple[int, int]], shapes: BatchShapes | None = None, batcher=None) -> dict[str, Any]:
+    """Run the warm-up on the worker thread (with step batching, the step-batched sizes through the step
+    scheduler); print its report; its summary for ``/stats``."""
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None}
+    stepped = step_sizes(planner, sizes, batcher)
     method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else "server (2-step calls)"
+    if stepped:
+        method = "step scheduler" + (f" and {method}" if len(stepped) < len(sizes) else "")
     print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}) ...", flush=True)
+    reports = []
     try:
-        report = worker.submit(lambda: run_warmup(generator, planner, sizes, shapes)).result()
+        rest = [size for size in sizes if size not in stepped]
+        if rest:
+            reports.append(worker.submit(lambda: run_warmup(generator, planner, rest, shapes)).result())
+        if stepped:
+            reports.append(batcher.warm(planner, stepped))
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
         raise Failure(1, f"error: warm-up failed: {type(exc).__name__}: {exc}") from exc
-    print(str(report), flush=True)
-    return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(float(report.total_s), 3),
-            "captures": int(report.captures), "method": method}
+    for report in reports:
+        print(str(report), flush=True)
+    return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(sum(float(r.total_s) for r in reports), 3),
+            "captures": sum(int(r.captures) for r in reports), "method": method}
+
+
+def step_sizes(planner: RequestPlanner, sizes: list[tuple[int, int]], batcher) -> list[tuple[int, int]]:
+    """The sizes of ``sizes`` that ``batcher`` step-batches (none without step batching); ``Failure`` (2) for a
+    size that is not a valid request."""
+    if not isinstance(batcher, StepBatcher):
+        return []
+    try:
+        return [size for size in sizes if batcher.batches(planner.default_job(*size))]
+    except RequestError as exc:
+        raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
 
 
 def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: dict) -> dict[str, Any]:
@@ -191,6 +235,7 @@ def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: d
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
         "max_queue": plan.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps, "max_batch": plan.max_batch,
+        "batching": "off" if plan.max_batch <= 1 else ("step" if plan.step is not None else "request"),
         "resolution_binning": plan.resolution_binning if planner.takes_binning else None,
         "warmup": warmup, "api_key_required": plan.api_key is not None, "torch": torch.__version__,
         "bcg_diffusion": bcg_diffusion.__version__,
