@@ -202,11 +202,15 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         "per_size": per_size,
         "per_model": per_model,
         "adapters": run.stats_end.get("adapters"),
-        "batching": batching_during(run),
-        "alone_check": alone_check(run),
-        "open_loop": run.open_loop,
-        "queue_depth": queue_trend(run.polls),
+        **_batching_and_checks(run),
     }
+
+
+def _batching_and_checks(run: ServerRun) -> dict[str, Any]:
+    """The parts of a summary that exist only for some runs: batching, the alone check, the open loop's arrivals
+    and the queue depth's trend."""
+    return {"batching": batching_during(run), "alone_check": alone_check(run), "open_loop": run.open_loop,
+            "queue_depth": queue_trend(run.polls)}
 
 
 def cross_check(a: ServerRun, b: ServerRun) -> dict[str, Any]:
@@ -288,6 +292,19 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _batching_line(label: str, b: dict[str, Any]) -> str:
+    """One line on what batching did: requests per call (request batching) or slot occupancy (step batching)."""
+    if b.get("mode") == "step":
+        return _step_line(label, b)
+    hist = ", ".join(f"{k}: {v}" for k, v in b["requests_per_batch"].items())
+    closed = ", ".join(f"{k} {v}" for k, v in (b.get("closed_by") or {}).items())
+    returns = b.get("return_s") or {}
+    back = ("" if not returns.get("count") else f"; returns after an answer: mean "
+            f"{1000 * returns['mean']:.0f} ms, max {1000 * returns['max_since_start']:.0f} ms")
+    return (f"  {label} requests per batched call: {hist or 'none'}; filler rows {b['filler_rows']}; closed by: "
+            f"{closed or '-'}{back}")
+
+
 def _step_line(label: str, b: dict[str, Any]) -> str:
     hist = ", ".join(f"{k}: {v}" for k, v in b["active_rows_per_step"].items())
     return (f"  {label} step batching ({b['max_batch']} slots, {b['policy']}): {b['steps']} steps, occupancy "
@@ -329,16 +346,8 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
                      for s in summaries]
             lines.append(f"{'ok at model ' + model:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
     for s in summaries:
-        if s.get("batching") and s["batching"].get("mode") == "step":
-            lines.append(_step_line(s["label"], s["batching"]))
-        elif s.get("batching"):
-            hist = ", ".join(f"{k}: {v}" for k, v in s["batching"]["requests_per_batch"].items())
-            closed = ", ".join(f"{k} {v}" for k, v in (s["batching"].get("closed_by") or {}).items())
-            returns = s["batching"].get("return_s") or {}
-            back = ("" if not returns.get("count") else f"; returns after an answer: mean "
-                    f"{1000 * returns['mean']:.0f} ms, max {1000 * returns['max_since_start']:.0f} ms")
-            lines.append(f"  {s['label']} requests per batched call: {hist or 'none'}; filler rows "
-                         f"{s['batching']['filler_rows']}; closed by: {closed or '-'}{back}")
+        if s.get("batching"):
+            lines.append(_batching_line(s["label"], s["batching"]))
         check = s.get("alone_check")
         if check is not None:
             verdict = "bitwise equal" if not check["mismatched"] and not check["failed"] else "NOT all equal"

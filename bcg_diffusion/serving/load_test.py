@@ -80,12 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-limit", type=float, default=600.0,
                    help="seconds per server after which no new request is sent (default: 600)")
     g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default: 300)")
-    g.add_argument("--arrival-rate", type=float, default=None, metavar="R",
-                   help="open loop: requests arrive at R per second (a Poisson process, --arrival-seed) whatever the "
-                   "answers, instead of --concurrency closed-loop clients; latency counts from each arrival")
-    g.add_argument("--arrival-seed", type=int, default=0, help="seed of the open loop's arrivals (default: 0)")
-    g.add_argument("--max-in-flight", type=int, default=256,
-                   help="open loop: requests in flight at most; a later arrival waits for one (default: 256)")
+    add_open_loop_arguments(g)
     g = p.add_argument_group("request mix")
     g.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
                    help=f"sizes WxH drawn per request (default: {','.join(DEFAULT_SIZES)}; warm the first three)")
@@ -125,6 +120,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_open_loop_arguments(g) -> None:
+    g.add_argument("--arrival-rate", type=float, default=None, metavar="R",
+                   help="open loop: requests arrive at R per second (a Poisson process, --arrival-seed) whatever the "
+                   "answers, instead of --concurrency closed-loop clients; latency counts from each arrival")
+    g.add_argument("--arrival-seed", type=int, default=0, help="seed of the open loop's arrivals (default: 0)")
+    g.add_argument("--max-in-flight", type=int, default=256,
+                   help="open loop: requests in flight at most; a later arrival waits for one (default: 256)")
+
+
+def check_rates(args, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for a step count below 1 or an arrival rate that is not positive."""
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1 (got {args.steps})")
+    if args.arrival_rate is not None and args.arrival_rate <= 0:
+        parser.error(f"--arrival-rate must be > 0 requests per second (got {args.arrival_rate})")
+
+
 def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     targets = [bool(args.url), bool(args.compare), bool(args.spawn)]
     if sum(targets) != 1:
@@ -146,13 +158,10 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(str(exc))
     if (args.min_throughput_ratio is not None or args.max_p99_ratio is not None) and servers != 2:
         parser.error("--min-throughput-ratio and --max-p99-ratio compare two servers")
-    if args.arrival_rate is not None and args.arrival_rate <= 0:
-        parser.error(f"--arrival-rate must be > 0 requests per second (got {args.arrival_rate})")
     for name in ("requests", "concurrency", "seeds", "n", "max_in_flight"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1 (got {args.steps})")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    check_rates(args, parser)
     for name in ("time_limit", "request_timeout", "spawn_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
