@@ -8,8 +8,9 @@ PixArt-Sigma (full size, binning off, 20 steps), servers built at once on the on
 - ``mixed-c8``, ``mixed-c16``: 256x256 and 384x384 mixed, 8 and 16 closed-loop clients (targets: step >= 1.8x the
   requests per second of off, p99 <= 0.8x);
 - ``s256-c8``: 256x256 alone, 8 clients (target >= 2.2x); ``s512-c8``: 512x512, 8 clients (target >= 1.25x);
-- ``poisson``: open-loop Poisson arrivals at ``--poisson-load`` (0.9) x the step server's throughput in the last
-  closed-loop scenario run, for ``--poisson-s`` seconds, step server only (targets: no growing queue, p99 <= 3x the
+- ``poisson``: open-loop Poisson arrivals of the mixed sizes at ``--poisson-load`` (0.9) x the step server's
+  throughput in the mixed scenario with the most clients (its capacity), for ``--poisson-s`` seconds, step server
+  only (targets: no growing queue, p99 <= 3x the
   latency of a request alone).
 
 Checks: every answer 200; equal requests equal; after the first scenario each distinct request sent again alone to
@@ -18,7 +19,8 @@ Checks: every answer 200; equal requests equal; after the first scenario each di
 reported PASS or FAIL; the slot occupancy of every step run is reported. ``step_bench.json`` (every summary and
 outcome) and ``step_bench.md`` go to ``--out-dir``, the servers' logs under it.
 
-Example (the GPU run; about 3 minutes on an H100 with the defaults)::
+Example (the GPU run; about 3 minutes with the defaults: 40-60 s to build and warm both servers, at most 12 s per
+closed-loop run (8 runs), the alone replay, 20 s of open-loop arrivals)::
 
     python -m bcg_diffusion.serving.step_bench --out-dir outputs/step_bench
 
@@ -62,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=8, help="the step server's --max-batch (default: 8)")
     p.add_argument("--step-policy", default="round_robin", help="the step server's --step-policy")
     p.add_argument("--requests", type=int, default=64, help="requests per closed-loop run (default: 64)")
-    p.add_argument("--time-limit", type=float, default=15.0, help="seconds per closed-loop run (default: 15)")
-    p.add_argument("--poisson-s", type=float, default=30.0, help="seconds of open-loop arrivals (default: 30)")
+    p.add_argument("--time-limit", type=float, default=12.0,
+                   help="seconds per closed-loop run: no request is sent after it (default: 12)")
+    p.add_argument("--poisson-s", type=float, default=20.0, help="seconds of open-loop arrivals (default: 20)")
     p.add_argument("--poisson-load", type=float, default=0.9, help="open-loop rate / measured capacity (default: 0.9)")
     p.add_argument("--eager-check", action="store_true",
                    help="also build an eager step server and compare the first scenario's images with it")
@@ -113,8 +116,9 @@ def _moved(run) -> dict[str, int] | None:
 
 def run_checks(label: str, run, summary: dict[str, Any], count: int) -> list[dict[str, Any]]:
     """Every answer 200, equal requests equal, nothing captured or eager during the load (with BCG)."""
-    checks = [_check(f"{label}: every request answered 200", summary["ok"] == summary["requests"] == count,
-                     f"{summary['ok']}/{summary['requests']} of {count}, errors {summary['errors'] or 'none'}"),
+    checks = [_check(f"{label}: every request sent answered 200", summary["ok"] == summary["requests"] > 0,
+                     f"{summary['ok']}/{summary['requests']} sent of {count} planned (the rest after the time "
+                     f"limit), errors {summary['errors'] or 'none'}"),
               _check(f"{label}: equal requests equal", not summary["consistency"]["inconsistent_identities"],
                      f"{summary['consistency']['repeated_identities']} repeated identities")]
     moved = _moved(run)
@@ -169,6 +173,13 @@ def first_checks(runs, summaries, cross_check) -> list[dict[str, Any]]:
                              and not cross["not_compared"], f"{cross['equal']} of {cross['compared']} equal, "
                              f"mismatched {cross['mismatched'][:10]}, not compared {len(cross['not_compared'])}"))
     return checks
+
+
+def mixed_capacity(results: list[dict[str, Any]]) -> float | None:
+    """The step server's requests per second on the mixed sizes with the most clients run (its capacity there)."""
+    mixed = [r for r in results if r["scenario"].startswith("mixed")]
+    best = max(mixed, key=lambda r: r["clients"], default=None)
+    return None if best is None else best["summaries"]["step"]["throughput_rps"]
 
 
 def alone_latency(results: list[dict[str, Any]]) -> float | None:
@@ -244,12 +255,10 @@ def run_all(args, names: list[str]) -> list[dict[str, Any]]:
     with spawned_servers([server_args(r, args) for r in roles], args.out_dir / "logs", args.spawn_timeout) as servers:
         print(f"servers listening after {time.perf_counter() - started:.1f} s", flush=True)
         urls = dict(zip(roles, (s.url for s in servers)))
-        results, capacity = [], None
-        for index, name in enumerate(n for n in names if n in SCENARIOS):
-            results.append(run_scenario(name, urls, args, first=index == 0))
-            capacity = results[-1]["summaries"]["step"]["throughput_rps"] or capacity
+        results = [run_scenario(name, urls, args, first=index == 0)
+                   for index, name in enumerate(n for n in names if n in SCENARIOS)]
         if "poisson" in names:
-            results.append(run_poisson(urls["step"], args, capacity, alone_latency(results)))
+            results.append(run_poisson(urls["step"], args, mixed_capacity(results), alone_latency(results)))
     return results
 
 

@@ -204,6 +204,40 @@ def test_failures_fail_their_request_or_their_batch_and_the_scheduler_goes_on(pi
     assert scheduler.snapshot()["requests"]["failed"] == 3
 
 
+def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeypatch):
+    from bcg_diffusion.serving.stepping import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "IDLE_BATCHES", 1)
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    small = StepRequest(call(pipe, "flux", "a fox"), seed=1)
+    first = alone(scheduler, small)
+    alone(scheduler, StepRequest(call(pipe, "flux", "a fox", size=OTHER_SIZE["flux"]), seed=1))
+    assert len(scheduler._batches) == 1  # the small size's idle batch was dropped for the other's
+    assert np.array_equal(alone(scheduler, small), first) and len(scheduler._batches) == 1
+
+
+def test_the_host_runs_at_most_one_step_ahead_of_the_device():
+    """The CUDA pacing of every step (its events are faked here): after queueing step N, wait for step N - 1."""
+    from bcg_diffusion.serving.stepping.loop import DevicePacer
+
+    waited = []
+
+    class Event:
+        def __init__(self, n):
+            self.n = n
+
+        def synchronize(self):
+            waited.append(self.n)
+
+    made = iter(range(10))
+    pacer = DevicePacer(torch.device("cpu"), make_event=lambda: Event(next(made)))
+    for _ in range(4):
+        pacer.queued()
+    assert waited == [0, 1, 2]
+    DevicePacer(torch.device("cpu")).queued()  # no device to wait for: nothing recorded
+
+
 # -------------------------------------------------------------------------------------------------------
 # what is refused
 # -------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import bcg_pipelines as pipelines
 from .config import FILLER_PROMPT, FILLER_SEED, StepConfig, StepError, row_seeds
 from .rows import Plan, Row, RunningBatch
 
-__all__ = ["FamilyLoop", "call_defaults", "check_servable"]
+__all__ = ["DevicePacer", "FamilyLoop", "call_defaults", "check_servable"]
 
 #: Call keys every loop honours: the prompt, the step count, the output type; ``return_dict`` has no effect here.
 COMMON_KEYS = frozenset({"prompt", "num_inference_steps", "output_type", "return_dict"})
@@ -69,6 +69,31 @@ def check_servable(pipe) -> None:
                                 "offloading decide per call for all rows at once: remove it for step batching")
 
 
+def _cuda_event(device: torch.device):
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+class DevicePacer:
+    """Keeps the host at most ``ahead`` steps ahead of the device: :meth:`queued` after each step records an event
+    on the device's stream (``make_event``; CUDA events on a CUDA device, nothing elsewhere, where every call is
+    synchronous) and waits for the one recorded ``ahead`` steps before."""
+
+    def __init__(self, device: torch.device, ahead: int = 1, make_event: Callable[[], Any] | None = None):
+        if make_event is None and device.type == "cuda":
+            make_event = lambda: _cuda_event(device)  # noqa: E731
+        self.ahead, self._make = ahead, make_event
+        self._queued: list = []
+
+    def queued(self) -> None:
+        if self._make is None:
+            return
+        self._queued.append(self._make())
+        while len(self._queued) > self.ahead:
+            self._queued.pop(0).synchronize()
+
+
 class FamilyLoop:
     """One family's denoising loop in prepare / step / finish parts (see the module's docstring).
 
@@ -89,6 +114,7 @@ class FamilyLoop:
         self.defaults = call_defaults(pipe)
         self.device = pipe._execution_device
         self.generator_device = "cuda" if self.device.type == "cuda" else "cpu"
+        self.pacer = DevicePacer(self.device)
 
     # -- per request ------------------------------------------------------------------------------------------
     def plan(self, call: dict[str, Any]) -> Plan:
@@ -201,11 +227,12 @@ class FamilyLoop:
         row.index += 1
 
     def end_step(self) -> None:
-        """What the pipeline does at the end of a call (its hooks reset; under BCG the weights are re-read before
-        the next call), and on CUDA wait for the step, so that the next one starts from the state just left."""
+        """What the pipeline does at the end of a call (its hooks reset; under BCG the weights and the model's
+        structure are re-read before the next call, so an adapter switched between two steps is seen). On CUDA,
+        wait until the previous step is done on the device: the host runs at most one step ahead, so the device
+        always has the next step queued, and a request that arrives joins within two steps."""
         self.pipe.maybe_free_model_hooks()
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        self.pacer.queued()
 
     # -- finish -----------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -33,7 +33,10 @@ from .loops import loop_for
 from .rows import Plan, Row, RunningBatch
 from .stats import StepStats
 
-__all__ = ["StepRequest", "StepResult", "StepScheduler", "StepTicket"]
+__all__ = ["IDLE_BATCHES", "StepRequest", "StepResult", "StepScheduler", "StepTicket"]
+
+#: Running batches kept while they have nothing to do (a key's next request then needs no new filler row).
+IDLE_BATCHES = 16
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class StepScheduler:
                 admitted = self._admit(batch)
                 if batch.active():
                     self._step(batch, admitted)
+                self._drop_idle()
         if self._release:
             self._release = False
             gc.collect()
@@ -218,22 +222,35 @@ class StepScheduler:
         return min(times)
 
     def _batch(self, key: Hashable) -> RunningBatch | None:
-        """The running batch of ``key``, made (with its filler row) from the plan of its first request; ``None``
-        when making the filler failed (that request fails)."""
-        batch = self._batches.get(key)
-        if batch is not None:
-            return batch
-        with self._cond:
-            head = self._waiting[key][0]
-        try:
-            filler = self.loop.filler(head.plan)
-        except BaseException as exc:  # noqa: BLE001 - the request whose plan it was fails; the rest may
+        """The running batch of ``key`` (the most recently used now), made with its filler row from the plan of its
+        first request; ``None`` when none waits any more, or making the filler failed (that request fails)."""
+        batch = self._batches.pop(key, None)
+        if batch is None:
             with self._cond:
-                self._waiting[key].remove(head)
-            self._fail([head], exc)
-            return None
-        batch = self._batches[key] = RunningBatch(key, key[1], self.config.rows, filler)
+                queue = self._waiting.get(key)
+                head = queue[0] if queue else None
+            if head is None:
+                return None
+            try:
+                batch = RunningBatch(key, key[1], self.config.rows, self.loop.filler(head.plan))
+            except BaseException as exc:  # noqa: BLE001 - the request whose plan it was fails; the rest may
+                with self._cond:
+                    if head in queue:
+                        queue.remove(head)
+                self._fail([head], exc)
+                return None
+        self._batches[key] = batch
         return batch
+
+    def _drop_idle(self) -> None:
+        """Keep at most :data:`IDLE_BATCHES` batches without rows or waiting requests (their filler rows hold
+        encoded prompts), the least recently used dropped first; a dropped key's next request makes a new one."""
+        with self._cond:
+            idle = [k for k, b in self._batches.items() if not b.active() and not self._waiting.get(k)]
+            for key in idle[:max(0, len(idle) - IDLE_BATCHES)]:
+                del self._batches[key]
+                self._waiting.pop(key, None)
+                self._order.remove(key)
 
     def _admit(self, batch: RunningBatch) -> list[StepTicket]:
         """Waiting requests of the batch's key that fit its free slots, in arrival order (the first that does not

@@ -85,7 +85,8 @@ class StepStats:
 
     def snapshot(self, waiting: int = 0, running_rows: int = 0) -> dict[str, Any]:
         """``occupancy``: occupied slots / slots over all steps so far; ``active_rows_per_step``: a histogram;
-        ``step_s``: each step's time (on CUDA up to its end on the device); ``queue_wait_s``: from arrival to
+        ``step_s``: each step's wall time (on CUDA the host waits for the previous step to end on the device
+        before it goes on, so in a busy run this is the device's time per step); ``queue_wait_s``: from arrival to
         joining a running batch; ``prepare_s`` / ``finish_s``: encoding and drawing a request / decoding it."""
         with self._lock:
             slots = self.steps * self.rows
