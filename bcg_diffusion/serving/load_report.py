@@ -9,7 +9,7 @@ from typing import Any
 from .load_run import ServerRun
 
 __all__ = ["alone_check", "batching_during", "cross_check", "format_report", "latency_ratios", "percentile",
-           "summarize", "throughput_ratio"]
+           "queue_trend", "step_batching_during", "summarize", "throughput_ratio"]
 
 MIB = 2**20
 
@@ -88,6 +88,8 @@ def batching_during(run: ServerRun) -> dict[str, Any] | None:
     start, end = run.stats_start.get("batching") or {}, run.stats_end.get("batching") or {}
     if not end.get("enabled"):
         return None
+    if end.get("mode") == "step":
+        return step_batching_during(start, end)
     batches = end["batches"] - start.get("batches", 0)
     requests = end["batched_requests"] - start.get("batched_requests", 0)
     wait_start, wait_end = start.get("wait_s") or {}, end["wait_s"]
@@ -103,6 +105,42 @@ def batching_during(run: ServerRun) -> dict[str, Any] | None:
             "closed_by": {k: v - (start.get("closed_by") or {}).get(k, 0)
                           for k, v in (end.get("closed_by") or {}).items()},
             "return_s": _returns_delta(end.get("return_s"), start.get("return_s"))}
+
+
+def _timing_delta(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str, Any]:
+    count = end["count"] - (start or {}).get("count", 0)
+    total = (end["sum"] or 0.0) - ((start or {}).get("sum") or 0.0)
+    return {"count": count, "mean": total / count if count else None, "p50_recent": end["p50"],
+            "p99_recent": end["p99"], "max_since_start": end["max"]}
+
+
+def step_batching_during(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """What step batching did during the load (``/stats`` ``batching`` of ``--batching step``, end minus start):
+    steps, slot occupancy (occupied slots / slots over those steps), active rows per step, the time per step, the
+    wait from arrival to joining a running batch, requests by outcome."""
+    steps = end["steps"] - start.get("steps", 0)
+    occupied = end["occupied_rows"] - start.get("occupied_rows", 0)
+    requests = {k: v - (start.get("requests") or {}).get(k, 0) for k, v in end["requests"].items()}
+    return {"mode": "step", "max_batch": end["rows"], "policy": end["policy"], "steps": steps,
+            "occupancy": occupied / (steps * end["rows"]) if steps else None,
+            "mean_rows_per_step": occupied / steps if steps else None,
+            "active_rows_per_step": _histogram_delta(end["active_rows_per_step"], start.get("active_rows_per_step", {})),
+            "step_s": _timing_delta(end["step_s"], start.get("step_s")),
+            "wait_s": _timing_delta(end["queue_wait_s"], start.get("queue_wait_s")),
+            "requests": requests, "batches": steps, "batched_requests": requests.get("finished", 0),
+            "mean_requests_per_batch": None}
+
+
+def queue_trend(polls: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The server's queue depth polled during the load: mean over the first and the last third, and the max (a
+    queue that keeps growing under a constant offered load: the last third well above the first)."""
+    depths = [p["queue_depth"] for p in polls if isinstance(p.get("queue_depth"), int)]
+    if len(depths) < 3:
+        return None
+    third = len(depths) // 3
+    first, last = depths[:third], depths[-third:]
+    return {"polls": len(depths), "first_third_mean": sum(first) / len(first), "last_third_mean": sum(last) / len(last),
+            "max": max(depths)}
 
 
 def _returns_delta(end: dict | None, start: dict | None) -> dict[str, Any] | None:
@@ -171,9 +209,15 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         "per_size": per_size,
         "per_model": per_model,
         "adapters": run.stats_end.get("adapters"),
-        "batching": batching_during(run),
-        "alone_check": alone_check(run),
+        **_batching_and_checks(run),
     }
+
+
+def _batching_and_checks(run: ServerRun) -> dict[str, Any]:
+    """The parts of a summary that exist only for some runs: batching, the alone check, the open loop's arrivals
+    and the queue depth's trend."""
+    return {"batching": batching_during(run), "alone_check": alone_check(run), "open_loop": run.open_loop,
+            "queue_depth": queue_trend(run.polls)}
 
 
 def cross_check(a: ServerRun, b: ServerRun) -> dict[str, Any]:
@@ -246,7 +290,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("captures during load", _fmt(s["captures_during_load"], "d")),
         ("compiles during load", _fmt(s.get("compiles_during_load"), "d")),
         ("equal requests equal", f"{consistent} ({cons['repeated_identities']} repeated)"),
-        ("batched calls", "off" if s.get("batching") is None else str(s["batching"]["batches"])),
+        ("batched calls (steps)", "off" if s.get("batching") is None else str(s["batching"]["batches"])),
         ("requests per batch mean", "-" if s.get("batching") is None
          else _fmt(s["batching"]["mean_requests_per_batch"], ".2f")),
         ("batch wait mean ms", "-" if s.get("batching") is None
@@ -254,6 +298,27 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("equal to alone", "-" if s.get("alone_check") is None
          else f"{s['alone_check']['equal']}/{s['alone_check']['distinct']}"),
     ]
+
+
+def _batching_line(label: str, b: dict[str, Any]) -> str:
+    """One line on what batching did: requests per call (request batching) or slot occupancy (step batching)."""
+    if b.get("mode") == "step":
+        return _step_line(label, b)
+    hist = ", ".join(f"{k}: {v}" for k, v in b["requests_per_batch"].items())
+    closed = ", ".join(f"{k} {v}" for k, v in (b.get("closed_by") or {}).items())
+    returns = b.get("return_s") or {}
+    back = ("" if not returns.get("count") else f"; returns after an answer: mean "
+            f"{1000 * returns['mean']:.0f} ms, max {1000 * returns['max_since_start']:.0f} ms")
+    return (f"  {label} requests per batched call: {hist or 'none'}; filler rows {b['filler_rows']}; closed by: "
+            f"{closed or '-'}{back}")
+
+
+def _step_line(label: str, b: dict[str, Any]) -> str:
+    hist = ", ".join(f"{k}: {v}" for k, v in b["active_rows_per_step"].items())
+    return (f"  {label} step batching ({b['max_batch']} slots, {b['policy']}): {b['steps']} steps, occupancy "
+            f"{_fmt(b['occupancy'], '.2f')}, step mean {_fmt(None if b['step_s']['mean'] is None else 1000 * b['step_s']['mean'], '.1f')} ms, "
+            f"wait to join mean {_fmt(None if b['wait_s']['mean'] is None else 1000 * b['wait_s']['mean'], '.1f')} ms; "
+            f"active rows per step: {hist or 'none'}")
 
 
 def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None = None,
@@ -290,13 +355,7 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
             lines.append(f"{'ok at model ' + model:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
     for s in summaries:
         if s.get("batching"):
-            hist = ", ".join(f"{k}: {v}" for k, v in s["batching"]["requests_per_batch"].items())
-            closed = ", ".join(f"{k} {v}" for k, v in (s["batching"].get("closed_by") or {}).items())
-            returns = s["batching"].get("return_s") or {}
-            back = ("" if not returns.get("count") else f"; returns after an answer: mean "
-                    f"{1000 * returns['mean']:.0f} ms, max {1000 * returns['max_since_start']:.0f} ms")
-            lines.append(f"  {s['label']} requests per batched call: {hist or 'none'}; filler rows "
-                         f"{s['batching']['filler_rows']}; closed by: {closed or '-'}{back}")
+            lines.append(_batching_line(s["label"], s["batching"]))
         check = s.get("alone_check")
         if check is not None:
             verdict = "bitwise equal" if not check["mismatched"] and not check["failed"] else "NOT all equal"

@@ -6,9 +6,11 @@ count and the time limit, and every request by its own timeout.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import json
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,11 +22,15 @@ import httpx
 from .png import payload_hash, pixel_hash
 from .load_mix import identity
 
-__all__ = ["ALLOWED_HOST", "Outcome", "ServerRun", "check_loopback", "get_stats", "replay_alone", "run_load"]
+__all__ = ["ALLOWED_HOST", "DEFAULT_MAX_IN_FLIGHT", "Outcome", "ServerRun", "check_loopback", "get_stats",
+           "poisson_arrivals", "replay_alone", "run_load", "run_open_loop"]
 
 ALLOWED_HOST = "127.0.0.1"
 GENERATIONS_PATH = "/v1/images/generations"
 STATS_TIMEOUT_S = 10.0
+#: Open loop: requests in flight at most (threads and connections); a later arrival waits for one, and its latency
+#: counts from its scheduled arrival all the same.
+DEFAULT_MAX_IN_FLIGHT = 256
 #: The API key every request carries (``Authorization: Bearer``) when set: serve.py's variable.
 API_KEY_VARIABLE = "BCG_API_KEY"
 
@@ -40,12 +46,14 @@ def check_loopback(url: str) -> str:
     return f"http://{ALLOWED_HOST}:{parts.port}"
 
 
-def client(url: str, timeout_s: float) -> httpx.Client:
+def client(url: str, timeout_s: float, connections: int | None = None) -> httpx.Client:
     """An HTTP client for ``url`` that ignores proxy settings (traffic stays on this machine) and sends the API
-    key of :data:`API_KEY_VARIABLE`, if set."""
+    key of :data:`API_KEY_VARIABLE`, if set; ``connections``: its pool (httpx's default without)."""
     key = os.environ.get(API_KEY_VARIABLE)
     headers = {"Authorization": f"Bearer {key}"} if key else None
-    return httpx.Client(base_url=check_loopback(url), timeout=timeout_s, trust_env=False, headers=headers)
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections) if connections else None
+    return httpx.Client(base_url=check_loopback(url), timeout=timeout_s, trust_env=False, headers=headers,
+                        **({"limits": limits} if limits else {}))
 
 
 def get_stats(url: str) -> dict[str, Any]:
@@ -91,6 +99,7 @@ class ServerRun:
     polls: list[dict[str, Any]] = field(default_factory=list)
     timed_out: bool = False
     alone: list[Outcome] = field(default_factory=list)
+    open_loop: dict[str, Any] | None = None
 
 
 def _header_float(response: httpx.Response, name: str) -> float | None:
@@ -213,3 +222,53 @@ def replay_alone(url: str, run: ServerRun, *, request_timeout_s: float, time_lim
             replies.append(send_one(http, first.index, json.loads(first.identity)))
     run.alone = replies
     return replies
+
+
+def poisson_arrivals(rate: float, count: int, seed: int) -> list[float]:
+    """When ``count`` requests arrive (seconds from the start) at ``rate`` per second: a Poisson process, its gaps
+    drawn from the exponential distribution with ``random.Random(seed)`` (the same seed, the same arrivals)."""
+    if rate <= 0 or count < 0:
+        raise ValueError(f"the arrival rate must be > 0 and the count >= 0 (got {rate}, {count})")
+    rng, now, times = random.Random(seed), 0.0, []
+    for _ in range(count):
+        now += rng.expovariate(rate)
+        times.append(now)
+    return times
+
+
+def _send_scheduled(http: httpx.Client, index: int, body: dict[str, Any], scheduled: float) -> Outcome:
+    """``send_one`` started late when no connection was free: its latency counts from its scheduled arrival."""
+    late = max(0.0, time.perf_counter() - scheduled)
+    outcome = send_one(http, index, body)
+    outcome.latency_s += late
+    return outcome
+
+
+def run_open_loop(url: str, bodies: list[dict[str, Any]], *, label: str, rate: float, seed: int, time_limit_s: float,
+                  request_timeout_s: float, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                  poll_s: float = 1.0) -> ServerRun:
+    """Send ``bodies`` at Poisson arrivals of ``rate`` per second (:func:`poisson_arrivals` with ``seed``), whatever
+    the answers (open loop), until all are sent or ``time_limit_s`` has passed; at most ``max_in_flight`` at once.
+    Latency counts from each request's scheduled arrival."""
+    url = check_loopback(url)
+    if max_in_flight < 1 or time_limit_s <= 0 or request_timeout_s <= 0:
+        raise ValueError("max_in_flight must be >= 1 and the time limits > 0")
+    arrivals = poisson_arrivals(rate, len(bodies), seed)
+    stats_start, poller = get_stats(url), _StatsPoller(url, poll_s)
+    poller.start()
+    futures, start, sent = [], time.perf_counter(), 0
+    with client(url, request_timeout_s, connections=max_in_flight) as http, \
+            concurrent.futures.ThreadPoolExecutor(max_in_flight, thread_name_prefix="load-open") as pool:
+        for index, (body, offset) in enumerate(zip(bodies, arrivals)):
+            if offset >= time_limit_s:
+                break
+            time.sleep(max(0.0, start + offset - time.perf_counter()))
+            futures.append(pool.submit(_send_scheduled, http, index, body, start + offset))
+            sent += 1
+        outcomes = [f.result() for f in futures]
+    wall = time.perf_counter() - start
+    poller.stop()
+    info = {"rate": rate, "seed": seed, "sent": sent, "max_in_flight": max_in_flight,
+            "offered_s": arrivals[sent - 1] if sent else 0.0}
+    return ServerRun(label, url, sorted(outcomes, key=lambda o: o.index), wall, stats_start, get_stats(url),
+                     poller.polls, sent < len(bodies), open_loop=info)

@@ -1,6 +1,7 @@
 """Bounded load test of one or two ``scripts/serve.py`` servers on 127.0.0.1.
 
-C client threads send N requests (a deterministic mix of sizes, prompts and seeds) within a time limit,
+C client threads send N requests (a deterministic mix of sizes, prompts and seeds) within a time limit (or,
+with ``--arrival-rate R``, the requests arrive at R per second, a seeded Poisson process: an open loop),
 and the script reports p50/p95/p99 latency, throughput, errors by status, GPU memory at start and end
 (from ``/stats``), and whether equal requests got bitwise equal images. With two servers (``--compare``,
 two ``--url`` or two ``--spawn``) the same mix runs against each in turn, the numbers are printed side
@@ -50,7 +51,7 @@ except ModuleNotFoundError as exc:
 else:
     MISSING = None
     from .load_report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
-    from .load_run import replay_alone
+    from .load_run import replay_alone, run_open_loop
     from .requests import RequestError, parse_size
     from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-limit", type=float, default=600.0,
                    help="seconds per server after which no new request is sent (default: 600)")
     g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default: 300)")
+    add_open_loop_arguments(g)
     g = p.add_argument_group("request mix")
     g.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
                    help=f"sizes WxH drawn per request (default: {','.join(DEFAULT_SIZES)}; warm the first three)")
@@ -119,6 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_open_loop_arguments(g) -> None:
+    g.add_argument("--arrival-rate", type=float, default=None, metavar="R",
+                   help="open loop: requests arrive at R per second (a Poisson process, --arrival-seed) whatever the "
+                   "answers, instead of --concurrency closed-loop clients; latency counts from each arrival")
+    g.add_argument("--arrival-seed", type=int, default=0, help="seed of the open loop's arrivals (default: 0)")
+    g.add_argument("--max-in-flight", type=int, default=256,
+                   help="open loop: requests in flight at most; a later arrival waits for one (default: 256)")
+
+
+def check_rates(args, parser: argparse.ArgumentParser) -> None:
+    """``parser.error`` for a step count below 1 or an arrival rate that is not positive."""
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1 (got {args.steps})")
+    if args.arrival_rate is not None and args.arrival_rate <= 0:
+        parser.error(f"--arrival-rate must be > 0 requests per second (got {args.arrival_rate})")
+
+
 def check_arguments(args, parser: argparse.ArgumentParser) -> None:
     targets = [bool(args.url), bool(args.compare), bool(args.spawn)]
     if sum(targets) != 1:
@@ -140,11 +159,10 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(str(exc))
     if (args.min_throughput_ratio is not None or args.max_p99_ratio is not None) and servers != 2:
         parser.error("--min-throughput-ratio and --max-p99-ratio compare two servers")
-    for name in ("requests", "concurrency", "seeds", "n"):
+    for name in ("requests", "concurrency", "seeds", "n", "max_in_flight"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1 (got {args.steps})")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    check_rates(args, parser)
     for name in ("time_limit", "request_timeout", "spawn_timeout"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
@@ -194,9 +212,16 @@ def labels_for(urls: list[str], args) -> list[str]:
 
 
 def load_one(url: str, label: str, bodies, args) -> Any:
-    print(f"{label}: {len(bodies)} requests to {url} from {args.concurrency} clients ...", flush=True)
-    run = run_load(url, bodies, label=label, concurrency=args.concurrency, time_limit_s=args.time_limit,
-                   request_timeout_s=args.request_timeout)
+    rate = getattr(args, "arrival_rate", None)
+    if rate is not None:
+        print(f"{label}: {len(bodies)} requests to {url} arriving at {rate:g}/s (Poisson, seed "
+              f"{args.arrival_seed}) ...", flush=True)
+        run = run_open_loop(url, bodies, label=label, rate=rate, seed=args.arrival_seed, time_limit_s=args.time_limit,
+                            request_timeout_s=args.request_timeout, max_in_flight=args.max_in_flight)
+    else:
+        print(f"{label}: {len(bodies)} requests to {url} from {args.concurrency} clients ...", flush=True)
+        run = run_load(url, bodies, label=label, concurrency=args.concurrency, time_limit_s=args.time_limit,
+                       request_timeout_s=args.request_timeout)
     print(f"{label}: done in {run.wall_s:.1f} s", flush=True)
     if getattr(args, "check_alone", False):
         replies = replay_alone(url, run, request_timeout_s=args.request_timeout, time_limit_s=args.time_limit)
@@ -241,7 +266,9 @@ def report(runs, args, spec: MixSpec) -> tuple[str, dict[str, Any], bool]:
                   if len(runs) == 2 else None)
     warmed = set((summaries[0]["server"].get("warmup") or {}).get("sizes") or [])
     sizes = ", ".join(s + ("*" if s in warmed else "") for s in spec.sizes)
-    header = (f"load: {args.requests} requests per server, {args.concurrency} clients, sizes {sizes} (* warmed), "
+    clients = (f"{args.concurrency} clients" if args.arrival_rate is None else
+               f"open loop at {args.arrival_rate:g}/s (Poisson, seed {args.arrival_seed})")
+    header = (f"load: {args.requests} requests per server, {clients}, sizes {sizes} (* warmed), "
               f"{len(spec.prompts)} prompts x {spec.seeds} seeds, mix seed {spec.mix_seed}")
     text = format_report(summaries, cross, ratios, header, throughput)
     passed = all(s["ok"] == s["requests"] == args.requests and not s["consistency"]["inconsistent_identities"]
@@ -256,7 +283,8 @@ def report(runs, args, spec: MixSpec) -> tuple[str, dict[str, Any], bool]:
         passed = passed and all(s["alone_check"] is not None and not s["alone_check"]["mismatched"]
                                 and not s["alone_check"]["failed"] for s in summaries)
     result = {"mix": dataclasses.asdict(spec),
-              "requests": args.requests, "concurrency": args.concurrency, "servers": summaries,
+              "requests": args.requests, "concurrency": args.concurrency, "arrival_rate": args.arrival_rate,
+              "arrival_seed": args.arrival_seed, "servers": summaries,
               "cross_check": cross, "latency_ratio": ratios, "throughput_ratio": throughput, "passed": passed,
               "outcomes": {r.label: [o.__dict__ for o in r.outcomes] for r in runs},
               "alone": {r.label: [o.__dict__ for o in r.alone] for r in runs if r.alone}}

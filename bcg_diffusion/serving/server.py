@@ -28,6 +28,7 @@ from bcg_diffusion.toolkit.stack_options import add_stack_options
 from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
 from .replica_options import add_replica_arguments  # no Ray
 from .server_plan import prog
+from .stepping.config import POLICIES  # no diffusers: --help stays light
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
@@ -102,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-work-limit", type=int, default=DEFAULT_WORK_LIMIT, metavar="N",
                    help="sizes whose latent tokens x hidden size x CFG rows is above N are compute-bound and run "
                    f"unbatched (default: {DEFAULT_WORK_LIMIT}; 0: batch every size)")
+    g.add_argument("--batching", choices=("request", "step"), default="request",
+                   help="how --max-batch ROWS batches: request (one pipeline call per batch of requests, formed in a "
+                   "window) or step (a running batch of ROWS slots per size: requests join at every denoising step "
+                   "and leave when done; docs/serving.md#step-batching). Default: request")
+    g.add_argument("--step-policy", choices=POLICIES, default=None,
+                   help="--batching step: which size's running batch takes the next step: round_robin (each in "
+                   "turn, the default) or oldest_first (the one holding the oldest request)")
     if MISSING_SERVE_EXTRA is None:
         add_lora_options(p)
     g = p.add_argument_group("server")

@@ -23,6 +23,8 @@ from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compile
 from .adapter_options import attach_adapters, warm_adapters
 from .app import ServerState
 from .batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
+from .step_batching import StepBatcher
+from .stepping import StepError
 from .granularity import pixel_granularity
 from .requests import RequestError, RequestLimits, RequestPlanner
 from .server_plan import ServerPlan, prog
@@ -61,17 +63,33 @@ def build_server(plan: ServerPlan) -> ServerState:
     generator = ImageGenerator(pipe, plan.device, counters, dict(plan.injections))
     generator.before_call = cache_reset(pipe, plan.stack)  # a request's image depends on the request alone
     warming = warmup_plan(plan, planner)
+    batcher = None
     try:
-        warmup = warm_up(worker, generator, planner, warming, shapes)
-        warm_adapters(adapters, worker, generator, lambda: warm_up(worker, generator, planner, warming, shapes))
+        batcher = make_batcher(plan, worker, generator, shapes)
+        warm = (lambda: warm_up(worker, generator, planner, warming, shapes, batcher))
+        warmup = warm()
+        warm_adapters(adapters, worker, generator, warm)
     except BaseException:
+        if batcher is not None:
+            batcher.stop()
         worker.stop()
         raise
     warmup["compile_cache"] = save_compile_cache(compile_cache)
-    batcher = (RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
-               if shapes is not None else None)
     return ServerState(planner, worker, generator, counters, server_info(plan, spec, pipe, planner, warmup),
                        plan.max_queue, api_key=plan.api_key, batcher=batcher)
+
+
+def make_batcher(plan: ServerPlan, worker: PipelineWorker, generator: ImageGenerator, shapes: BatchShapes | None):
+    """The request batcher, the step batcher (``--batching step``), or ``None`` without batching; ``Failure`` (2)
+    for a pipeline the step scheduler cannot split."""
+    if shapes is None:
+        return None
+    if plan.step is None:
+        return RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
+    try:
+        return StepBatcher(worker, generator, shapes, plan.step)
+    except StepError as exc:
+        raise Failure(2, f"{prog()}: error: --batching step: {exc}") from exc
 
 
 def build_pipeline(plan: ServerPlan):
@@ -214,8 +232,13 @@ def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan) -> BatchShap
     if planner.limits.max_n > rows:
         print(f"  batching: n is capped at --max-batch {rows} (was --max-n {planner.limits.max_n})", flush=True)
         planner.limits = dataclasses.replace(planner.limits, max_n=rows)
-    print(f"  batching: up to {rows} images per call, window {plan.batch_window_ms:g} ms; every batched "
-          f"call runs {rows} rows (a lone request pays for a full batch)", flush=True)
+    if plan.step is not None:
+        print(f"  batching: step level, a running batch of {rows} slots per size (policy {plan.step.policy}); "
+              f"requests join at every step, every step runs {rows} rows (a lone request pays for a full batch)",
+              flush=True)
+    else:
+        print(f"  batching: up to {rows} images per call, window {plan.batch_window_ms:g} ms; every batched "
+              f"call runs {rows} rows (a lone request pays for a full batch)", flush=True)
     for width, height in plan.warmup or [(planner.default_width, planner.default_height)]:
         print(f"    {shapes.describe(width, height, planner.default_job(width, height).call)}", flush=True)
     return shapes
@@ -232,24 +255,41 @@ def warmup_plan(plan: ServerPlan, planner: RequestPlanner) -> WarmupPlan:
 
 
 def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, warming: WarmupPlan,
-            shapes: BatchShapes | None = None) -> dict[str, Any]:
-    """Run the warm-up on the worker thread; print its report; its summary for ``/stats``."""
+            shapes: BatchShapes | None = None, batcher=None) -> dict[str, Any]:
+    """Run the warm-up on the worker thread (with step batching, the step-batched sizes through the step
+    scheduler); print its report; its summary for ``/stats``."""
     sizes = list(warming.sizes)
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None, "steps": None}
+    stepped = step_sizes(planner, sizes, batcher)
     method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else f"server ({warming.steps}-step calls)"
+    if stepped:
+        method = "step scheduler" + (f" and {method}" if len(stepped) < len(sizes) else "")
     print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}, {warming.steps} steps) ...",
           flush=True)
     try:
-        report = worker.submit(lambda: run_warmup(generator, planner, sizes, shapes, warming.steps)).result()
+        reports = warm_reports(worker, generator, planner, sizes, stepped, shapes, batcher, warming.steps)
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
         raise Failure(1, f"error: warm-up failed: {type(exc).__name__}: {exc}") from exc
-    print(str(report), flush=True)
-    return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(float(report.total_s), 3),
-            "captures": int(report.captures), "method": method, "steps": warming.steps,
+    for report in reports:
+        print(str(report), flush=True)
+    return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(sum(float(r.total_s) for r in reports), 3),
+            "captures": sum(int(r.captures) for r in reports), "method": method, "steps": warming.steps,
             "compiled_graphs": compiled_graphs()}
+
+
+def warm_reports(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, sizes: list,
+                 stepped: list, shapes: BatchShapes | None, batcher, steps: int) -> list:
+    """The warm-up reports: the sizes the step scheduler batches warmed through it, the rest by warm-up calls."""
+    reports = []
+    rest = [size for size in sizes if size not in stepped]
+    if rest:
+        reports.append(worker.submit(lambda: run_warmup(generator, planner, rest, shapes, steps)).result())
+    if stepped:
+        reports.append(batcher.warm(planner, stepped))
+    return reports
 
 
 def batching_off(plan: ServerPlan) -> str | None:
@@ -257,6 +297,17 @@ def batching_off(plan: ServerPlan) -> str | None:
     if plan.max_batch > 1 and plan.stack.cache is not None:
         return CACHED_UNBATCHED
     return None
+
+
+def step_sizes(planner: RequestPlanner, sizes: list[tuple[int, int]], batcher) -> list[tuple[int, int]]:
+    """The sizes of ``sizes`` that ``batcher`` step-batches (none without step batching); ``Failure`` (2) for a
+    size that is not a valid request."""
+    if not isinstance(batcher, StepBatcher):
+        return []
+    try:
+        return [size for size in sizes if batcher.batches(planner.default_job(*size))]
+    except RequestError as exc:
+        raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
 
 
 def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: dict) -> dict[str, Any]:
@@ -272,6 +323,7 @@ def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: d
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
         "max_queue": plan.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps, "max_batch": plan.max_batch,
+        "batching": "off" if plan.max_batch <= 1 else ("step" if plan.step is not None else "request"),
         "resolution_binning": plan.resolution_binning if planner.takes_binning else None,
         "warmup": warmup, "api_key_required": plan.api_key is not None, "torch": torch.__version__,
         "bcg_diffusion": bcg_diffusion.__version__,

@@ -24,6 +24,7 @@ from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 from .adapter_options import lora_specs
 from .adapters import AdapterSpec
 from .listen import API_KEY_VARIABLE, warn_if_open
+from .stepping.config import STEP_PIPELINES, StepConfig
 
 __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "prog", "read_plan"]
 
@@ -53,7 +54,8 @@ class ServerPlan:
       default ``(width, height)`` (``None``: the model's); ``warmup``: the sizes warmed before listening;
     - ``max_pixels``, ``max_steps``, ``max_n``, ``max_queue``: the request limits; ``resolution_binning``: not
       ``--no-resolution-binning``;
-    - ``max_batch``, ``batch_window_ms``, ``batch_work_limit``: batching (``max_batch`` 1: off);
+    - ``max_batch``, ``batch_window_ms``, ``batch_work_limit``: batching (``max_batch`` 1: off); ``step``: the
+      step scheduler's settings with ``--batching step`` (``None``: request batching, or none);
     - ``adapters``, ``lora_rank``, ``lora_gpu_slots``: the LoRA adapters served and their slots;
     - ``stack``: the speed stack (``--quant``, ``--cache``, ``--compile``, ``--compile-cache``,
       ``--attention-backend``, read by the parser ``bcg-generate`` shares), ``bcg``: BCG on top of it;
@@ -88,6 +90,7 @@ class ServerPlan:
     api_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    step: StepConfig | None = None
 
     @property
     def compile(self) -> bool:
@@ -126,7 +129,7 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
         max_queue=args.max_queue, resolution_binning=not args.no_resolution_binning, max_batch=args.max_batch,
         batch_window_ms=args.batch_window_ms, batch_work_limit=args.batch_work_limit, adapters=tuple(adapters),
         lora_rank=args.lora_rank, lora_gpu_slots=args.lora_gpu_slots, stack=stack, bcg=bool(args.bcg),
-        injections=injections, api_key=key, host=args.host, port=args.port)
+        injections=injections, api_key=key, host=args.host, port=args.port, step=step_config(args, spec, parser))
 
 
 def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -144,6 +147,22 @@ def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("--served-model-name must have 1 .. 256 characters")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
+
+
+def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser) -> StepConfig | None:
+    """The step scheduler's settings of ``--batching step`` (``None`` for request batching); ``parser.error`` for
+    ``--batching step`` without rows to batch, a family without a step loop, or ``--step-policy`` without it."""
+    mode, policy = getattr(args, "batching", "request"), getattr(args, "step_policy", None)
+    if mode != "step":
+        if policy is not None:
+            parser.error("--step-policy applies to --batching step")
+        return None
+    if args.max_batch < 2:
+        parser.error("--batching step needs --max-batch ROWS of 2 or more: the slots of every running batch")
+    if spec is not None and spec.pipeline_class_name not in STEP_PIPELINES:
+        parser.error(f"--batching step: {spec.name} ({spec.pipeline_class_name}) has no step loop; step batching "
+                     f"splits {', '.join(STEP_PIPELINES)} (use --batching request)")
+    return StepConfig(rows=args.max_batch, policy=policy or "round_robin")
 
 
 def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser):

@@ -41,6 +41,9 @@ LIBRARY = "bcg_diffusion"
 FIXTURES = "bcg_pipelines"  # the folder pipelines/, as it installs
 KIT = "bcg_diffusion.toolkit"
 COMMAND_PACKAGES = ("bcg_diffusion.benchmarks", "bcg_diffusion.checks", "bcg_diffusion.cli", "bcg_diffusion.serving")
+#: Commands whose sub-packages are commands of their own (each benchmark job); a sub-package of another command
+#: (``bcg_diffusion.serving.stepping``) is a part of that command.
+JOB_PACKAGES = ("bcg_diffusion.benchmarks",)
 TOOL_PACKAGES = (*COMMAND_PACKAGES, KIT)
 PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
 #: The user API, which the integration sits below (config, errors, families and stats are shared by both).
@@ -123,7 +126,7 @@ def command_of(module: str, packages: set[str]) -> str | None:
     for command in COMMAND_PACKAGES:
         if within(module, command):
             job = ".".join(module.split(".")[:3])
-            return job if job != command and job in packages else command
+            return job if command in JOB_PACKAGES and job != command and job in packages else command
     return None
 
 
@@ -618,3 +621,25 @@ def test_circles_are_the_loops_of_the_import_graph():
 def test_the_checker_reports_a_broken_rule(tmp_path, name, text, needle):
     violations = layer_violations(_tree(tmp_path, {name: text}))
     assert any(needle in v for v in violations), violations
+
+
+#: The step scheduler's core: no HTTP, and nothing of the server around it (the server calls it, not the reverse).
+STEP_CORE = "bcg_diffusion.serving.stepping"
+HTTP_MODULES = ("fastapi", "starlette", "uvicorn", "httpx", "pydantic")
+
+
+def step_core_problems(root: Path = ROOT) -> list[str]:
+    """Imports of the step scheduler's core (:data:`STEP_CORE`) that reach HTTP or the server's other modules."""
+    problems = []
+    for source in sources(root):
+        if not within(source.module, STEP_CORE):
+            continue
+        for line, module, _name in imports(source, ast.parse((root / source.path).read_text())):
+            server_part = within(module, "bcg_diffusion.serving") and not within(module, STEP_CORE)
+            if server_part or any(within(module, m) for m in HTTP_MODULES):
+                problems.append(f"{source.path}:{line}: imports {module}")
+    return problems
+
+
+def test_the_step_scheduler_core_needs_no_http_nor_the_server():
+    assert step_core_problems() == []

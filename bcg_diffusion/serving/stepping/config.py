@@ -1,0 +1,55 @@
+"""The step scheduler's settings (:class:`StepConfig`), its errors and the constants of filler rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FILLER_PROMPT", "FILLER_SEED", "POLICIES", "SEED_MODULUS", "STEP_PIPELINES", "StepConfig", "StepError", "row_seeds"]
+
+#: Which running batch takes the next step (:class:`StepConfig.policy`).
+POLICIES = ("round_robin", "oldest_first")
+#: The diffusers pipelines that have a family loop (``loops.LOOPS``; a test checks that both agree).
+STEP_PIPELINES = ("PixArtSigmaPipeline", "SanaPipeline", "StableDiffusion3Pipeline", "FluxPipeline", "WanPipeline")
+#: The prompt of the filler rows of a text-encoder call (``encode_rows`` > 1) and of the inert rows of free slots.
+FILLER_PROMPT = ""
+#: The seed of the inert rows' latents.
+FILLER_SEED = 0
+SEED_MODULUS = 2**64
+
+
+class StepError(ValueError):
+    """A request the step scheduler cannot run (the message says what to change), or a closed scheduler."""
+
+
+def row_seeds(seed: int, n: int) -> list[int]:
+    """The seeds of a request's ``n`` images: ``seed``, ``seed + 1``, ... modulo 2**64 (as request batching)."""
+    return [(seed + i) % SEED_MODULUS for i in range(n)]
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How the step scheduler runs.
+
+    - ``rows``: slots of every running batch. Every denoising step is one transformer call of ``rows`` rows (times
+      the rows classifier-free guidance adds), whatever the batch holds: free slots carry inert filler rows.
+    - ``encode_rows``: rows of every text-encoder call: a request's prompt (and negative prompt) encoded with
+      ``encode_rows - 1`` filler prompts. ``decode_rows``: rows of every VAE decode call; the images of the requests
+      that finish at the same step of one running batch share calls, the rest is filler. With both equal to
+      ``rows`` a request alone gives the stock pipeline's image for ``rows`` prompts bitwise (the same shapes
+      everywhere); 1 (the default) costs one row of text encoding and decoding per image, and still keeps every
+      image independent of its companions (each call has a fixed shape).
+    - ``policy``: which running batch takes the next step when several sizes (or adapters) have work:
+      ``round_robin`` (each in turn, one step each) or ``oldest_first`` (the batch holding the oldest request,
+      waiting or running).
+    """
+
+    rows: int = 8
+    encode_rows: int = 1
+    decode_rows: int = 1
+    policy: str = "round_robin"
+
+    def __post_init__(self):
+        if min(self.rows, self.encode_rows, self.decode_rows) < 1:
+            raise ValueError(f"rows, encode_rows and decode_rows must be >= 1 (got {self})")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")

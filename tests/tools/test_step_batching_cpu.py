@@ -1,0 +1,285 @@
+"""Step batching (issue 46) on the CPU with tiny pipelines, bitwise: a request alone through the step scheduler
+equals the stock pipeline called at the same batch shape (per family); a request's image does not depend on what
+joined or left its running batch at any step; joins, leaves, idle, sizes taking turns (both policies),
+cancellation of a waiting request, a request that does not fit, failures; what the scheduler refuses.
+
+Every scheduler here is driven by the test itself (``run_once``), on the test's thread: no server, no thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import bcg_pipelines as pipelines
+from bcg_diffusion.serving.stepping import (
+    FILLER_PROMPT,
+    FILLER_SEED,
+    STEP_PIPELINES,
+    StepConfig,
+    StepError,
+    StepRequest,
+    StepScheduler,
+    loop_for,
+)
+from bcg_diffusion.serving.stepping.loops import LOOPS
+
+ROWS = 3
+FAMILIES = ("pixart", "sana", "sd3", "flux", "wan")
+#: The smallest size each tiny family takes (Sana: multiples of 32, Wan: 16 and 5 frames).
+SIZES = {"pixart": (64, 64), "sana": (64, 64), "sd3": (64, 64), "flux": (64, 64), "wan": (32, 32)}
+OTHER_SIZE = {"pixart": (64, 128), "flux": (64, 128)}
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    built = {}
+    for family in FAMILIES:
+        pipe = pipelines.build_pipeline(family, size="tiny", device="cpu", seed=0)
+        pipe.set_progress_bar_config(disable=True)
+        built[family] = pipe
+    return built
+
+
+def call(pipe, family: str, prompt: str, steps: int = 2, size=None, **extra) -> dict:
+    """A request's pipeline call, as the server plans it (numbers out: ``output_type="np"``)."""
+    height, width = size or SIZES[family]
+    planned = pipelines.plan_call(family, "tiny", prompt=prompt, height=height, width=width, steps=steps,
+                                  num_frames=5 if family == "wan" else None,
+                                  guidance=extra.pop("guidance", None), negative_prompt=extra.pop("negative", None))
+    planned, _ = pipelines.fit_call(pipe, planned, batch=1, exact_shape=True)
+    return {**planned, "output_type": "np", **extra}
+
+
+def image(ticket) -> np.ndarray:
+    result = ticket.future.result(timeout=0)
+    return np.asarray(result.images[0])
+
+
+def alone(scheduler: StepScheduler, request: StepRequest) -> np.ndarray:
+    ticket = scheduler.submit(request)
+    scheduler.run_until_idle()
+    return image(ticket)
+
+
+# -------------------------------------------------------------------------------------------------------
+# equal to the stock pipeline; independent of the batch
+# -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_request_alone_equals_the_stock_pipeline_at_the_same_batch_shape(pipes, family):
+    """Text encoding and decoding at ROWS rows too (encode_rows = decode_rows = rows): the stock pipeline given the
+    request's prompt and ROWS - 1 filler prompts, one generator per row, makes the same image bitwise."""
+    pipe = pipes[family]
+    negative = None if family == "flux" else "blurry, dark"
+    extra = {"true_cfg_scale": 2.0} if family == "flux" else {}
+    request_call = call(pipe, family, "a red fox in the snow", negative="low quality" if family == "flux" else negative,
+                        **extra)
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS, encode_rows=ROWS, decode_rows=ROWS))
+    mine = alone(scheduler, StepRequest(request_call, seed=7))
+    stock_call = {**request_call, "prompt": [request_call["prompt"]] + [FILLER_PROMPT] * (ROWS - 1)}
+    if request_call.get("negative_prompt") is not None:
+        stock_call["negative_prompt"] = [request_call["negative_prompt"]] + [FILLER_PROMPT] * (ROWS - 1)
+    generators = [torch.Generator().manual_seed(7)] + [torch.Generator().manual_seed(FILLER_SEED)
+                                                       for _ in range(ROWS - 1)]
+    stock = pipelines.generated(pipe(**stock_call, generator=generators))
+    assert np.array_equal(mine, np.asarray(stock[0]))
+    assert scheduler.stats.steps == 2 and scheduler.stats.occupied_rows == 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_requests_image_does_not_depend_on_what_joins_or_leaves_its_batch(pipes, family):
+    pipe = pipes[family]
+    count_key = "num_videos_per_prompt" if family == "wan" else "num_images_per_prompt"
+    negative = None if family == "flux" else "blurry"
+    fox = StepRequest(call(pipe, family, "a red fox", steps=3, guidance=3.0, negative=negative), seed=7)
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    reference = alone(scheduler, fox)
+    lighthouse = scheduler.submit(StepRequest(call(pipe, family, "a lighthouse", steps=5), seed=3))
+    scheduler.run_once()  # the lighthouse is one step ahead when the fox joins
+    again = scheduler.submit(fox)
+    scheduler.run_once()
+    scheduler.run_once()
+    ramen = scheduler.submit(StepRequest(call(pipe, family, "ramen", steps=2, guidance=6.0), seed=1))  # fills the batch
+    pair = scheduler.submit(StepRequest({**call(pipe, family, "a tree", steps=2), count_key: 2}, seed=9))  # waits
+    scheduler.run_until_idle()
+    assert np.array_equal(image(again), reference)
+    assert all(t.future.result(timeout=0).steps == s for t, s in ((lighthouse, 5), (ramen, 2), (pair, 2)))
+    assert len(pair.future.result(timeout=0).images) == 2
+    assert again.future.result(timeout=0).companions == ROWS
+
+
+# -------------------------------------------------------------------------------------------------------
+# the scheduler: joins, leaves, idle, turns, cancellation
+# -------------------------------------------------------------------------------------------------------
+def test_requests_join_at_step_boundaries_leave_when_done_and_the_loop_idles(pipes):
+    pipe = pipes["pixart"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    assert not scheduler.has_work() and scheduler.run_once() is False and scheduler.stats.steps == 0
+    first = scheduler.submit(StepRequest(call(pipe, "pixart", "a fox", steps=3), seed=1))
+    assert scheduler.waiting() == 1 and first.state == "waiting"
+    scheduler.run_once()
+    assert first.state == "running" and scheduler.running_rows() == 1
+    second = scheduler.submit(StepRequest(call(pipe, "pixart", "a boat", steps=3), seed=2))
+    scheduler.run_once()  # the second joins at this boundary, the first takes its second step
+    assert scheduler.running_rows() == 2 and first.steps == 2 and second.steps == 1
+    scheduler.run_once()  # the first's last step: it leaves and is answered
+    assert first.future.done() and first.state == "done" and scheduler.running_rows() == 1
+    scheduler.run_once()
+    assert second.future.done() and not scheduler.has_work()
+    assert scheduler.run_once() is False and scheduler.stats.steps == 4  # idle: no step without work
+    snapshot = scheduler.snapshot()
+    assert snapshot["active_rows_per_step"] == {"1": 2, "2": 2}
+    assert snapshot["occupancy"] == pytest.approx(6 / (4 * ROWS), abs=1e-4)
+    assert snapshot["requests"]["finished"] == 2 and snapshot["queue_wait_s"]["count"] == 2
+
+
+@pytest.mark.parametrize("policy, expected", [("round_robin", ["a", "b", "a", "b", "b"]),
+                                              ("oldest_first", ["a", "a", "b", "b", "b"])])
+def test_sizes_take_turns_by_the_policy(pipes, policy, expected):
+    pipe = pipes["pixart"]
+    stepped = []
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS, policy=policy))
+    a = scheduler.submit(StepRequest(call(pipe, "pixart", "a fox", steps=2), seed=1))
+    b = scheduler.submit(StepRequest(call(pipe, "pixart", "a boat", steps=3, size=OTHER_SIZE["pixart"]), seed=2))
+    names = {a.key: "a", b.key: "b"}
+    while scheduler.has_work():
+        before = {k: scheduler.stats.steps_per_key.get(str(k), 0) for k in names}
+        scheduler.run_once()
+        stepped += [names[k] for k in names if scheduler.stats.steps_per_key.get(str(k), 0) > before[k]]
+    assert stepped == expected
+    assert a.future.result(timeout=0).steps == 2 and b.future.result(timeout=0).steps == 3
+
+
+def test_a_waiting_request_can_be_cancelled_a_running_one_cannot(pipes):
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=1))
+    running = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=2), seed=1))
+    scheduler.run_once()
+    waiting = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=2), seed=2))
+    assert scheduler.cancel(waiting) is True and waiting.future.cancelled() and waiting.state == "cancelled"
+    assert scheduler.cancel(waiting) is False and scheduler.cancel(running) is False
+    assert scheduler.run_until_idle() == 1 and running.future.result(timeout=0).steps == 2
+    assert scheduler.snapshot()["requests"] == {"submitted": 2, "admitted": 1, "finished": 1, "failed": 0,
+                                                "cancelled": 1}
+
+
+def test_a_request_that_does_not_fit_is_not_overtaken(pipes):
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    one = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=2), seed=1))
+    scheduler.run_once()
+    two = scheduler.submit(StepRequest({**call(pipe, "flux", "a pair", steps=2), "num_images_per_prompt": 2}, seed=2))
+    late = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=2), seed=3))
+    scheduler.run_once()  # one slot is free: the pair does not fit, and the later single request waits behind it
+    assert two.state == "waiting" and late.state == "waiting" and one.future.done()
+    scheduler.run_until_idle()
+    assert two.future.result(timeout=0).queue_s < late.future.result(timeout=0).queue_s
+    assert [np.asarray(im).shape for im in two.future.result(timeout=0).images] == [(64, 64, 3)] * 2
+
+
+def test_failures_fail_their_request_or_their_batch_and_the_scheduler_goes_on(pipes, monkeypatch):
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+
+    def fail_after(steps):
+        if steps == 1:
+            raise RuntimeError("injected")
+
+    fox = call(pipe, "flux", "a fox", steps=2)
+    reference = alone(scheduler, StepRequest(fox, seed=1))
+    failing = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=2), seed=2, on_step=fail_after))
+    survivor = scheduler.submit(StepRequest(fox, seed=1))
+    scheduler.run_until_idle()
+    assert isinstance(failing.future.exception(timeout=0), RuntimeError) and failing.state == "failed"
+    assert np.array_equal(image(survivor), reference)  # the request that failed left its batch, the other went on
+    real_predict = scheduler.loop.predict
+    monkeypatch.setattr(scheduler.loop, "predict", lambda batch: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    both = [scheduler.submit(StepRequest(fox, seed=s)) for s in (1, 2)]
+    scheduler.run_until_idle()
+    assert all(isinstance(t.future.exception(timeout=0), torch.OutOfMemoryError) for t in both)
+    assert scheduler.running_rows() == 0
+    monkeypatch.setattr(scheduler.loop, "predict", real_predict)
+    assert np.array_equal(alone(scheduler, StepRequest(fox, seed=1)), reference)
+    assert scheduler.snapshot()["requests"]["failed"] == 3
+
+
+def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeypatch):
+    from bcg_diffusion.serving.stepping import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "IDLE_BATCHES", 1)
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    small = StepRequest(call(pipe, "flux", "a fox"), seed=1)
+    first = alone(scheduler, small)
+    alone(scheduler, StepRequest(call(pipe, "flux", "a fox", size=OTHER_SIZE["flux"]), seed=1))
+    assert len(scheduler._batches) == 1  # the small size's idle batch was dropped for the other's
+    assert np.array_equal(alone(scheduler, small), first) and len(scheduler._batches) == 1
+
+
+def test_the_host_runs_at_most_one_step_ahead_of_the_device():
+    """The CUDA pacing of every step (its events are faked here): after queueing step N, wait for step N - 1."""
+    from bcg_diffusion.serving.stepping.loop import DevicePacer
+
+    waited = []
+
+    class Event:
+        def __init__(self, n):
+            self.n = n
+
+        def synchronize(self):
+            waited.append(self.n)
+
+    made = iter(range(10))
+    pacer = DevicePacer(torch.device("cpu"), make_event=lambda: Event(next(made)))
+    for _ in range(4):
+        pacer.queued()
+    assert waited == [0, 1, 2]
+    DevicePacer(torch.device("cpu")).queued()  # no device to wait for: nothing recorded
+
+
+# -------------------------------------------------------------------------------------------------------
+# what is refused
+# -------------------------------------------------------------------------------------------------------
+def test_calls_the_step_scheduler_cannot_run_are_refused_before_they_queue(pipes):
+    pipe = pipes["pixart"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    base = call(pipe, "pixart", "a fox")
+    cases = {"latents": {**base, "latents": torch.zeros(1, 4, 8, 8)}, "callback": {**base, "callback": print},
+             "a list of prompts": {**base, "prompt": ["a", "b"]}, "n": {**base, "num_images_per_prompt": 3},
+             "unknown key": {**base, "strength": 0.5}, "output type": {**base, "output_type": "jpeg"}}
+    messages = {}
+    for name, bad in cases.items():
+        with pytest.raises(StepError) as caught:
+            scheduler.submit(StepRequest(bad))
+        messages[name] = str(caught.value)
+    assert "does not support 'latents'" in messages["latents"] and "'callback'" in messages["callback"]
+    assert "one prompt" in messages["a list of prompts"] and "does not fit a running batch of 2 rows" in messages["n"]
+    assert "takes no 'strength'" in messages["unknown key"] and "jpeg" in messages["output type"]
+    assert scheduler.waiting() == 0 and scheduler.stats.requests["submitted"] == 0
+
+
+def test_pipelines_without_a_loop_or_with_a_step_cache_are_refused(pipes):
+    with pytest.raises(StepError, match="no denoising loop for object"):
+        loop_for(object(), StepConfig())
+    pipe = pipelines.build_pipeline("flux", size="tiny", device="cpu", seed=0)
+    from diffusers import FirstBlockCacheConfig
+
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    with pytest.raises(StepError, match="step caches"):
+        StepScheduler(pipe)
+    assert sorted(name for loop in LOOPS for name in loop.pipeline_names) == sorted(STEP_PIPELINES)
+
+
+def test_a_closed_scheduler_fails_waiting_and_running_requests(pipes):
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=1))
+    running = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=3), seed=1))
+    scheduler.run_once()
+    waiting = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=3), seed=2))
+    scheduler.close("stopping for the test")
+    for ticket in (running, waiting):
+        assert isinstance(ticket.future.exception(timeout=0), StepError)
+    assert not scheduler.has_work()
+    with pytest.raises(StepError, match="stopping for the test"):
+        scheduler.submit(StepRequest(call(pipe, "flux", "a fox"), seed=1))
