@@ -6,7 +6,8 @@ offset aligned to :data:`ALIGN` bytes with its own strides, so that a view of th
 device slot at that offset is the tensor as it was (same shape, strides, dtype, alignment class).
 
 Kept out (they stay where they are, resident): tensors registered in more than one place (tied
-weights), tensors whose storage another tensor shares, empty or overlapping tensors (``expand``).
+weights, a module shared by two blocks), tensors whose storage another tensor shares, empty or overlapping
+tensors (``expand``).
 """
 
 from __future__ import annotations
@@ -158,16 +159,20 @@ def _packable(t: torch.Tensor) -> bool:
     return True
 
 
-def shared_tensors(root: torch.nn.Module) -> set[int]:
-    """``id``s of plain tensors that must stay where they are: registered twice (tied), or sharing storage."""
-    uses = collections.Counter(id(t) for m in root.modules() for _, _, t in registered_tensors(m))
+def _storage(t: torch.Tensor) -> int | None:
+    return t.untyped_storage().data_ptr() if t.device.type != "meta" and t.numel() else None
+
+
+def shared_tensors(root: torch.nn.Module, own: frozenset[int] = frozenset()) -> set[int]:
+    """``id``s of plain tensors that must stay where they are: registered twice (tied), or sharing storage with
+    another tensor (``own``: storages of streaming's own host copies, whose views share them by design)."""
+    every = [m for _, m in root.named_modules(remove_duplicate=False)]  # a module shared by two blocks counts twice
+    uses = collections.Counter(id(t) for m in every for _, _, t in registered_tensors(m))
     plain = {id(leaf): leaf for m in root.modules() for _, _, t in registered_tensors(m) for _, leaf in _plain_leaves(t)}
-    storages = collections.Counter(
-        t.untyped_storage().data_ptr() for t in plain.values() if t.device.type != "meta" and t.numel()
-    )
+    storages = collections.Counter(_storage(t) for t in plain.values())
     shared = {i for i, n in uses.items() if n > 1}
-    shared |= {i for i, t in plain.items() if t.device.type != "meta" and t.numel()
-               and storages[t.untyped_storage().data_ptr()] > 1}
+    shared |= {i for i, t in plain.items() if _storage(t) is not None and _storage(t) not in own
+               and storages[_storage(t)] > 1}
     return shared
 
 

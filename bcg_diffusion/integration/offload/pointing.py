@@ -40,6 +40,11 @@ class StreamedWeights:
         return sum(layout.nbytes for layout in self.layouts)
 
     @property
+    def own_storages(self) -> frozenset[int]:
+        """Storages of the host copies (their views share them by design, see ``layout.shared_tensors``)."""
+        return frozenset(h.tensor.untyped_storage().data_ptr() for h in self.hosts)
+
+    @property
     def sizes(self) -> list[int]:
         return [layout.nbytes for layout in self.layouts]
 

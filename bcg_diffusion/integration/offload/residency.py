@@ -10,7 +10,9 @@ empty (the host copies may have been written between calls), the block predicted
 and each block's entry (:meth:`Residency.enter`) makes it resident (a load on demand, counted, when the block
 asked for is not the one loaded), points its tensors at its slot, and loads the blocks predicted to follow
 into the other slots. The prediction follows the real order of block calls: the block that followed each block
-last time (registration order until seen), and the first block of the last call.
+last time (registration order until seen), and the first block of the last call. A block entered twice in one
+call starts a new pass over the blocks (the call that captures runs its blocks' entries at capture, then
+again in the replay that makes its output): the last block's successor stays unknown, nothing wraps around.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Residency:
         self.successors: list[int | None] = [i + 1 for i in range(len(sizes) - 1)] + [None]
         self.first = 0
         self.previous: int | None = None
+        self.entered: set[int] = set()  # blocks entered in this pass over the blocks
         self.in_call = False
 
     def slot_of(self, block: int) -> int:
@@ -70,6 +73,7 @@ class Residency:
         self._detach_all()
         self.holders = [None] * self.slots
         self.previous = None
+        self.entered = set()
         self.counters.bytes_this_call = 0
         self.in_call = True
         self.ops.mark()
@@ -103,6 +107,12 @@ class Residency:
 
     # -- decisions -----------------------------------------------------------------------------
     def _learn(self, block: int) -> None:
+        """The order seen: ``block`` follows the previous one of this pass. A block entered again in one call
+        starts a new pass (a capture's run, then its replay, in one call): no wrap-around is learnt."""
+        if block in self.entered:
+            self.entered.clear()
+            self.previous = None
+        self.entered.add(block)
         if self.previous is None:
             self.first = block
         else:

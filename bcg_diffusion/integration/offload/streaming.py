@@ -127,8 +127,9 @@ class WeightStreaming:
                 continue
             found = replaced_sites(self.weights, index)
             if found is None:
-                fresh[index] = plan_block(self.weights.layouts[index].path, self.weights.layouts[index].module,
-                                          shared_tensors(self.root), self.device)
+                layout = self.weights.layouts[index]
+                fresh[index] = plan_block(layout.path, layout.module, shared_tensors(self.root, self.weights.own_storages),
+                                          self.device)
             elif found:
                 rewrite_sites(self.weights, index, found)
         if fresh:

@@ -51,7 +51,7 @@ def rewrite_sites(weights: StreamedWeights, block: int, indices: list[int]) -> N
 
 def replanned(root: torch.nn.Module, weights: StreamedWeights, device: torch.device) -> dict[int, BlockLayout]:
     """Blocks whose set of tensors changed (registered anew), with their new layouts."""
-    shared = shared_tensors(root)
+    shared = shared_tensors(root, weights.own_storages)
     changed = {}
     for index, layout in enumerate(weights.layouts):
         fresh = plan_block(layout.path, layout.module, shared, device)
