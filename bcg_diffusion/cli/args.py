@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from bcg_diffusion.toolkit.cache_spec import CACHE_HELP
+from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.choices import CP_MODES, MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
 from bcg_diffusion.toolkit.options import add_model_options, command_name
 from bcg_diffusion.toolkit.quant_option import QUANT_HELP, QUANT_NAMES
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quant", choices=QUANT_NAMES, default=None,
                    help=f"torchao quantization of the transformer, applied right after the build: {QUANT_HELP} "
                    "(needs torchao: pip install -e \".[quant]\")")
+    g.add_argument("--offload", type=int, nargs="?", const=DEFAULT_SLOTS, default=None, metavar="K",
+                   help=f"{OFFLOAD_HELP}; with --compare both runs stream")
     g.add_argument("--compare", action="store_true",
                    help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
                    "and whether the outputs are bitwise identical")

@@ -18,6 +18,7 @@ from typing import Any
 from bcg_diffusion.toolkit.cache_option import check_cache
 from bcg_diffusion.toolkit.cache_spec import CacheSpec
 from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
+from bcg_diffusion.toolkit.offload_option import offload_problem
 from bcg_diffusion.toolkit.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
 from bcg_diffusion.toolkit.quant_option import device_problem, torchao_problem
@@ -105,6 +106,7 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
             parser.error(f"--cache: {exc}")
     if args.quant is not None and (problem := torchao_problem() or device_problem(args.quant, device)):
         parser.error(f"--quant {args.quant}: {problem}")
+    check_offload(args, parser)
     model_size = args.size if spec is not None else "checkpoint"
     try:
         call = pipelines.plan_call(spec, args.size, prompt=args.prompt, height=args.height, width=args.width,
@@ -157,6 +159,20 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
         problem = attention_backend_problem(name)
         if problem:
             parser.error(f"--attention-backend {args.attention_backend}: {problem}")
+
+def check_offload(args, parser: argparse.ArgumentParser) -> None:
+    """``--offload K``: K >= 2, and not with ``--cp`` or ``--quant`` (``parser.error`` saying why)."""
+    if args.offload is None:
+        return
+    problem = offload_problem(args.offload)
+    if problem:
+        parser.error(problem)
+    if args.cp is not None:
+        parser.error(f"--offload with --cp {args.cp}: context parallelism splits the work, not the weights; each rank "
+                     "would stream the whole transformer. Use one of the two")
+    if args.quant is not None:
+        parser.error(f"--offload with --quant {args.quant}: torchao quantizes on the device the transformer is on, and "
+                     "--offload keeps it on the CPU; in Python quantize on the GPU, then apply_weight_streaming")
 
 def not_utf8(text: str | None) -> str | None:
     """Where ``text`` (an argument as Python decoded it) cannot be UTF-8, or ``None``: bytes that were not UTF-8

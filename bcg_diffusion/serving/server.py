@@ -21,6 +21,7 @@ import logging
 import sys
 
 from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 
 from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", action="store_true",
                    help="regional torch.compile of the transformer's repeated blocks (as generate.py --compile; "
                    "combines with --bcg)")
+    g.add_argument("--offload", type=int, nargs="?", const=DEFAULT_SLOTS, default=None, metavar="K", help=OFFLOAD_HELP)
     g.add_argument("--warmup", default=None, metavar="WxH[,WxH...]",
                    help="sizes to run once before listening, e.g. 512x512,1024x1024 (bcg_diffusion.warmup where it "
                    "exists, else one 2-step call per size)")

@@ -15,6 +15,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
 
@@ -40,9 +41,10 @@ def build_server(plan: ServerPlan) -> ServerState:
           f"{pipelines.dtype_name(plan.dtype)} ...", flush=True)
     t0 = time.perf_counter()
     pipe, spec = build_pipeline(plan)
+    streaming = stream_offloaded(pipe, plan)
     adapters = attach_adapters(pipe, list(plan.adapters), plan.base_model, prog(), rank=plan.lora_rank,
                                gpu_slots=plan.lora_gpu_slots)  # before BCG
-    notes = speed_up(pipe, compile=plan.compile, bcg=plan.bcg, on_cuda=plan.device.type == "cuda")
+    notes = streaming + speed_up(pipe, compile=plan.compile, bcg=plan.bcg, on_cuda=plan.device.type == "cuda")
     granularity = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
     planner = make_planner(pipe, spec, plan, granularity)
     if adapters is not None:
@@ -67,11 +69,12 @@ def build_server(plan: ServerPlan) -> ServerState:
 
 def build_pipeline(plan: ServerPlan):
     """The pipeline (random weights of a family, or a checkpoint), and its family (``None`` if unknown)."""
+    device = build_device(plan.offload, plan.device)  # --offload: the transformer stays on the CPU
     try:
         if plan.spec is not None:
-            pipe = pipelines.build_pipeline(plan.spec.name, size=plan.size, device=plan.device, dtype=plan.dtype, seed=0)
+            pipe = pipelines.build_pipeline(plan.spec.name, size=plan.size, device=device, dtype=plan.dtype, seed=0)
             return pipe, plan.spec
-        pipe = pipelines.load_pipeline(plan.model, device=plan.device, dtype=plan.dtype)
+        pipe = pipelines.load_pipeline(plan.model, device=device, dtype=plan.dtype)
     except Exception as exc:  # noqa: BLE001 - a failed build is reported, not a traceback
         hint = offline_hint(plan.model, exc) if plan.spec is None else None
         raise Failure(1, f"error: {hint}" if hint else f"error: could not build {plan.model}: {type(exc).__name__}: "
@@ -89,6 +92,16 @@ def build_pipeline(plan: ServerPlan):
                       "(its __call__ takes no use_resolution_binning), so it already runs the asked size; leave the "
                       "flag out")
     return pipe, spec
+
+
+def stream_offloaded(pipe, plan: ServerPlan) -> list[str]:
+    """``--offload K``: the transformer streams its blocks through K device slots; the note to print."""
+    if plan.offload is None:
+        return []
+    try:
+        return [stream_transformers(pipe, plan.offload, plan.device)]
+    except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError (too many slots, no room under the cap)
+        raise Failure(1, f"error: --offload {plan.offload}: {type(exc).__name__}: {exc}") from exc
 
 
 def default_steps(pipe, spec, steps: int | None) -> int:

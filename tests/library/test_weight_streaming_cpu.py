@@ -350,3 +350,32 @@ def test_model_cpu_offload_is_refused_with_what_to_use():
     with pytest.raises(bcg.AccelerationError, match=r"model CPU offload.*new addresses.*OffloadConfig\(slots=2\)"):
         bcg.accelerate_pipeline(pipe, bcg.BCGConfig(offload=2))
     assert not bcg.is_streaming(pipe.transformer)
+
+
+# -- the commands ----------------------------------------------------------------------------------------------------
+def test_generate_offload_streams_both_compared_runs_bitwise(tmp_path, capsys, hide_cuda):
+    from bcg_diffusion.cli import generate
+
+    out = tmp_path / "fox.png"
+    assert generate.main(["--offload", "--compare", "--steps", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "building flux (tiny) on cpu" in text and "weight streaming: transformer: 2 blocks in host memory" in text
+    assert "outputs bitwise identical: YES" in text and "weight streaming: 2 blocks through 2 slots" in text
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--offload", "1"], "--offload 1: give K >= 2 device buffers"),
+    (["--offload", "--quant", "int8wo"], "--offload with --quant int8wo"),
+])
+def test_generate_offload_usage_errors(capsys, no_build, argv, reason):
+    from bcg_diffusion.cli import generate
+
+    assert generate.main(argv) == 2
+    assert reason in capsys.readouterr().err
+
+
+def test_serve_offload_usage_error(capsys, no_build):
+    from bcg_diffusion.serving import serve_command
+
+    assert serve_command.main(["--offload", "1"]) == 2
+    assert "--offload 1: give K >= 2 device buffers" in capsys.readouterr().err
