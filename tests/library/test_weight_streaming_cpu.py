@@ -379,3 +379,18 @@ def test_serve_offload_usage_error(capsys, no_build):
 
     assert serve_command.main(["--offload", "1"]) == 2
     assert "--offload 1: give K >= 2 device buffers" in capsys.readouterr().err
+
+
+def test_the_offload_benchmark_runs_the_tiny_model_and_writes_its_files(tmp_path, hide_cuda, capsys):
+    import json
+
+    from bcg_diffusion.benchmarks.offload import bench_offload
+
+    assert bench_offload.main(["--case", "flux:full:1024x1024", "--out-dir", str(tmp_path)]) == 0
+    [result] = [json.loads(p.read_text()) for p in tmp_path.glob("bench_offload_*.json")]
+    assert result["case"] == "flux:tiny:64x64:b1"  # without CUDA: the tiny model
+    modes = result["modes"]
+    assert list(modes) == ["eager (no CUDA)", "stream_eager", "stream_bcg"]
+    assert all(m["bitwise"] and m["error"] is None for m in modes.values())
+    assert modes["stream_eager"]["stats"]["bytes_per_call"] == modes["stream_eager"]["stats"]["host_bytes"]
+    assert "| stream_bcg |" in (tmp_path / next(tmp_path.glob("*.md")).name).read_text()
