@@ -9,6 +9,7 @@ block would take 1 GiB of page-locked memory). Registration goes through cuda-bi
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -28,9 +29,17 @@ def _unregister(ptr: int) -> None:
     check_cuda(cudart().cudaHostUnregister(ptr), "cudaHostUnregister")
 
 
+def _unpin_quietly(ptr: int) -> None:
+    try:
+        _unregister(ptr)
+    except Exception as exc:  # noqa: BLE001 - unpinning never fails what it is part of
+        logger.warning("bcg: weight streaming: unpinning a host copy failed: %s", exc)
+
+
 class HostCopy:
     """One block's bytes in host memory (``tensor``: uint8); :meth:`release` unpins it (the memory stays
-    valid while any view of it lives)."""
+    valid while any view of it lives). A copy dropped without :meth:`release` is unpinned when collected, before
+    its memory can be freed (it holds that memory)."""
 
     def __init__(self, nbytes: int, pin: bool) -> None:
         length = max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
@@ -39,6 +48,7 @@ class HostCopy:
         start = (-raw.data_ptr()) % PAGE
         self.tensor = raw[start: start + length]
         self.pinned = False
+        self._unpin: weakref.finalize | None = None
         if pin:
             try:
                 _register(self.tensor.data_ptr(), length)
@@ -49,6 +59,7 @@ class HostCopy:
                     "OffloadConfig(pin_memory=False): pageable copies, which hold the host until done."
                 ) from None
             self.pinned = True
+            self._unpin = weakref.finalize(self, _unpin_quietly, self.tensor.data_ptr())
 
     @property
     def nbytes(self) -> int:
@@ -57,10 +68,7 @@ class HostCopy:
     def release(self) -> None:
         if self.pinned:
             self.pinned = False
-            try:
-                _unregister(self.tensor.data_ptr())
-            except Exception as exc:  # noqa: BLE001 - unpinning at removal never fails the removal
-                logger.warning("bcg: weight streaming: unpinning a host copy failed: %s", exc)
+            self._unpin()  # once: a finalizer runs at most once
 
 
 def allocate_host(sizes: list[int], pin: bool) -> list[HostCopy]:
