@@ -102,7 +102,8 @@ class WeightStreaming:
         self._depth += 1
         if self._depth == 1:
             self.copies.follow_stream()
-            self._take_in_changes()
+            with torch.inference_mode(False), torch.no_grad():  # views made here serve calls in any mode
+                self._take_in_changes()
             self.residency.begin_call()
 
     def after_call(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -208,7 +209,8 @@ def start_streaming(root: torch.nn.Module, config: OffloadConfig, created_by: st
     _check_room(device, config, layouts, resident)
     undos: list[Callable[[], None]] = []
     try:
-        streaming = _build(root, config, device, layouts, resident, undos)
+        with torch.inference_mode(False), torch.no_grad():  # the views serve calls in any mode
+            streaming = _build(root, config, device, layouts, resident, undos)
         streaming.handles = _install(streaming, [path for path, _ in blocks], [block for _, block in blocks])
     except BaseException:
         while undos:
