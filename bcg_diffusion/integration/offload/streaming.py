@@ -139,8 +139,7 @@ class WeightStreaming:
     def _repack(self, fresh: dict[int, BlockLayout]) -> None:
         """Pack the blocks of ``fresh`` anew (their tensors changed); larger slots where they outgrew them."""
         needed = max(max(layout.nbytes for layout in fresh.values()), self.weights.slots[0].numel())
-        if needed > self.weights.slots[0].numel():
-            self.weights.replace_slots([])
+        if needed > self.weights.slots[0].numel():  # made before the old ones go: a failure leaves them as they were
             self.weights.replace_slots(allocate_slots(self.config.slots, needed, self.device))
         for index, layout in fresh.items():
             host = HostCopy(layout.nbytes, self.config.pin_memory and self.device.type == "cuda")
@@ -157,9 +156,14 @@ class WeightStreaming:
 
     # -- stats and removal ------------------------------------------------------------------------
     def snapshot(self) -> OffloadStats:
-        self.copies.drain()
-        c = self.residency.counters
-        resident = {id(t): t for t in (site.tensor() for site in self.resident) if t.device == self.device}
+        """The statistics now (waits for a call of the transformer in progress in another thread to end)."""
+        with self._lock:
+            self.copies.drain()
+            c = self.residency.counters
+            resident = {id(t): t for t in (site.tensor() for site in self.resident) if t.device == self.device}
+            return self._stats(c, resident)
+
+    def _stats(self, c: Any, resident: dict[int, torch.Tensor]) -> OffloadStats:
         return OffloadStats(
             slots=self.config.slots, blocks=len(self.weights.layouts),
             resident_bytes=sum(t.numel() * t.element_size() for t in resident.values()),
