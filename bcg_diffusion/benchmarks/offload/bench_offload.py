@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -62,18 +62,22 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dtype = pipelines.resolve_dtype(args.dtype, device)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    result = run_case(case, device, dtype, args, modes, started)
-    result["environment"] = environment(device, dtype, cuda)
-    base = output_base(args.out_dir, "bench_offload")
-    base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str))
-    base.with_suffix(".md").write_text(markdown(result))
+    base, env = output_base(args.out_dir, "bench_offload"), environment(device, dtype, cuda)
+
+    def save(result: dict[str, Any]) -> None:  # after every mode: a run cut short keeps what it measured
+        result["environment"] = env
+        base.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str))
+        base.with_suffix(".md").write_text(markdown(result))
+
+    result = run_case(case, device, dtype, args, modes, started, save)
     print(markdown(result))
     print(f"wrote {base.with_suffix('.json')} and {base.with_suffix('.md')}")
     return 0
 
 
-def run_case(case, device: torch.device, dtype: torch.dtype, args, modes: list[str], started: float) -> dict[str, Any]:
-    """Build, run the modes asked for in their order, and sum up."""
+def run_case(case, device: torch.device, dtype: torch.dtype, args, modes: list[str], started: float,
+             save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Build, run the modes asked for in their order (``save`` after each), and sum up."""
     t0 = time.perf_counter()
     model = build_transformer(case, device, dtype)
     bench = Bench(model, call_inputs(case, device, dtype), device, args.slots, args.warmup, args.iters,
@@ -81,21 +85,36 @@ def run_case(case, device: torch.device, dtype: torch.dtype, args, modes: list[s
     built_s = time.perf_counter() - t0
     link = bandwidth(device) if bench.cuda else None
     cap = int(args.cap_gib * GIB) if bench.cuda else None
-    if not bench.cuda:
-        measure(bench, "eager (no CUDA)", lambda: None)
-    for name in ("resident_eager", "resident_bcg"):
-        if name in modes and bench.cuda:
-            _resident(bench, name)
-    fraction = _to_host_under_cap(bench, cap)
-    for name in ("stream_eager", "stream_bcg"):
-        if name in modes:
-            _streamed(bench, name)
-    _unstream(bench.model)
-    if "group_offload" in modes and bench.cuda:
-        measure(bench, "group_offload", lambda: model.enable_group_offload(
-            onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
-            num_blocks_per_group=1, use_stream=True))
-    return summary(case, bench, built_s, link, cap, fraction, args)
+    state = {"fraction": None}
+
+    def done() -> dict[str, Any]:
+        result = summary(case, bench, built_s, link, cap, state["fraction"], args)
+        save(result)
+        return result
+
+    for name, run in _plan(bench, modes):
+        if name == "to_host":
+            state["fraction"] = _to_host_under_cap(bench, cap)
+        else:
+            run()
+            done()
+    return done()
+
+
+def _plan(bench: Bench, modes: list[str]) -> list[tuple[str, Callable[[], Any]]]:
+    """The modes asked for, in their order, with the move to the host (under the cap) between."""
+    cuda = bench.cuda
+    steps: list[tuple[str, Callable[[], Any]]] = [] if cuda else [("eager", lambda: measure(bench, "eager (no CUDA)",
+                                                                                            lambda: None))]
+    steps += [(n, lambda n=n: _resident(bench, n)) for n in ("resident_eager", "resident_bcg") if n in modes and cuda]
+    steps.append(("to_host", lambda: None))
+    steps += [(n, lambda n=n: _streamed(bench, n)) for n in ("stream_eager", "stream_bcg") if n in modes]
+    steps.append(("unstream", lambda: _unstream(bench.model)))
+    if "group_offload" in modes and cuda:
+        steps.append(("group_offload", lambda: measure(bench, "group_offload", lambda: bench.model.enable_group_offload(
+            onload_device=bench.device, offload_device=torch.device("cpu"), offload_type="block_level",
+            num_blocks_per_group=1, use_stream=True))))
+    return steps
 
 
 def _resident(bench: Bench, name: str) -> ModeResult:
