@@ -171,6 +171,25 @@ def test_debug_replays_stream_bitwise_with_a_step_cache_skipping_blocks():
     assert torch.equal(run(pipe, family, steps=steps), want)
 
 
+def test_module_mode_units_replay_their_block_entries():
+    """A forward replaced on the instance runs eagerly; its blocks replay unit graphs, each with its entry."""
+    import types
+
+    def opaque(self, *args, **kwargs):
+        return type(self).forward(self, *args, **kwargs)
+
+    twin, model = tiny_flux_transformer(), tiny_flux_transformer()
+    model.forward = types.MethodType(opaque, model)
+    bcg.accelerate_transformer(model, bcg.BCGConfig(debug=True, offload=2))
+    with torch.no_grad():
+        want = twin(**flux_inputs())[0]
+        assert all(torch.equal(model(**flux_inputs())[0], want) for _ in range(3))
+    stats = bcg.get_stats(model)
+    assert stats.entries[0].module_mode and stats.child_hits > 0 and stats.entries[0].breaks == 2, str(stats)
+    bcg.remove_acceleration(model)
+    assert not bcg.is_streaming(model)
+
+
 def test_streaming_applied_first_is_used_by_the_acceleration_and_kept():
     pipe = _pipe("flux")
     bcg.apply_weight_streaming(pipe.transformer)
