@@ -321,6 +321,12 @@ def test_refusals_leave_the_model_as_it_was(monkeypatch):
     bcg.apply_weight_streaming(model)
     with pytest.raises(bcg.AccelerationError, match="already streams its weights"):
         bcg.apply_weight_streaming(model)
+    model.__dict__["_hf_hook"] = object()  # accelerate's offload hook added afterwards: refused at the next call
+    with pytest.raises(bcg.AccelerationError, match="accelerate hooks"), torch.no_grad():
+        model(**flux_inputs())
+    del model.__dict__["_hf_hook"]
+    with torch.no_grad():
+        model(**flux_inputs())  # the refused call left nothing half-done
     bcg.remove_weight_streaming(model)
 
 

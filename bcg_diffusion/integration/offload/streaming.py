@@ -101,6 +101,8 @@ class WeightStreaming:
         self._lock.acquire()
         self._depth += 1
         if self._depth == 1:
+            if module.__dict__.get("_hf_hook") is not None:  # model CPU offload enabled since: it would move it all
+                refuse_other_offloading(module)
             self.copies.follow_stream()
             with torch.inference_mode(False), torch.no_grad():  # views made here serve calls in any mode
                 self._take_in_changes()
