@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str | None] = {
     "CompileCache": ".compile_cache",
     "use_compile_cache": ".compile_cache",
     "BCGConfig": ".config",
+    "OffloadConfig": ".config",
     "BreakOutputMismatchError": ".core",
     "CudaRuntimeError": ".core",
     "eager_on_graph": ".core",
@@ -51,12 +52,16 @@ _EXPORTS: dict[str, str | None] = {
     "KNOWN_TRANSFORMERS": ".families",
     "BCGStats": ".stats",
     "GraphEntryStats": ".stats",
+    "OffloadStats": ".stats",
     "CachePasses": ".step_caches",
     "STEP_CACHE_HOOK_NAMES": ".step_caches",
     "count_cache_passes": ".step_caches",
     "WarmedShape": ".warmup",
     "WarmupReport": ".warmup",
     "warmup": ".warmup",
+    "apply_weight_streaming": ".weight_streaming",
+    "is_streaming": ".weight_streaming",
+    "remove_weight_streaming": ".weight_streaming",
 }
 
 

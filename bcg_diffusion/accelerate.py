@@ -7,6 +7,10 @@ transformer of the process, the attention-break patches of diffusers' and torch'
 functions and the module registration hooks (reference-counted: the last removal undoes them).
 An :class:`_Acceleration` record stored on the module undoes all of it. A pipeline carries no state of its own: it is accelerated when its transformer
 components are, so pipelines sharing components (``from_pipe``) share the acceleration.
+
+With ``BCGConfig(offload=...)`` each transformer's weights are streamed first (:mod:`.integration.offload`), also
+where acceleration is off (the model then streams eagerly); removing the acceleration removes that streaming.
+Streaming applied by the user beforehand (:func:`~bcg_diffusion.apply_weight_streaming`) is used and left on.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from .config import ENV_ENABLE, BCGConfig, env_flag
 from .errors import AccelerationError
 from .families import transformer_info
 from .integration.model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
+from .integration.offload import start_streaming, streaming_of
 from .integration.runner import GraphRunner
-from .stats import BCGStats
+from .stats import BCGStats, OffloadStats
 
 logger = logging.getLogger("bcg_diffusion")
 
@@ -151,14 +156,63 @@ def accelerate_transformer(module: torch.nn.Module, config: BCGConfig | None = N
     module = _check_module(module)
     config, reason = _prepared(config)
     if reason is not None:
-        module.__dict__[_INACTIVE_ATTR] = reason
+        _stream_inactive([module], config, reason)
         return module
     _refuse_accelerated(type(module).__name__, [("transformer", module)], "remove_acceleration() to change the config")
     info = transformer_info(module, config.allow_unknown)
     if config.check_weights == "auto":
         config = dataclasses.replace(config, check_weights="every_call")
-    _accelerate(module, config, info)
+    _accelerate_all([(module, info)], config)
     return module
+
+
+def _stream_inactive(modules: list[torch.nn.Module], config: BCGConfig, reason: str) -> None:
+    """Acceleration is off here: each module is marked with why, and streams its weights where ``config`` says."""
+    done: list[torch.nn.Module] = []
+    try:
+        for module in modules:
+            if config.offload is not None:
+                start_streaming(module, config.offload, created_by="acceleration")
+            done.append(module)
+    except BaseException:
+        for module in done:
+            _remove_from_module(module)
+        raise
+    for module in modules:
+        module.__dict__[_INACTIVE_ATTR] = reason
+
+
+def _accelerate_all(planned: list[tuple[torch.nn.Module, Any]], config: BCGConfig) -> None:
+    """Stream (where ``config`` says) and accelerate each module; all undone if one fails."""
+    done: list[torch.nn.Module] = []
+    try:
+        for module, info in planned:
+            done.append(module)
+            if config.offload is not None:
+                start_streaming(module, config.offload, created_by="acceleration")
+            _accelerate(module, config, info)
+    except BaseException:
+        for module in done:
+            _remove_from_module(module)
+        raise
+
+
+def _use_streaming(module: torch.nn.Module, runner: GraphRunner, acceleration: _Acceleration) -> None:
+    """The runner drops its graphs when streamed weights move; streaming made for this acceleration is removed
+    with it (its undo runs last)."""
+    streaming = streaming_of(module)
+    if streaming is None:
+        return
+    if streaming.created_by == "acceleration":
+        acceleration.undos.append(streaming.remove)
+    streaming.accelerated = True
+    streaming.on_relayout.append(runner.clear)
+
+    def release() -> None:
+        streaming.accelerated = False
+        streaming.on_relayout.remove(runner.clear)
+
+    acceleration.undos.append(release)
 
 
 def _accelerate(module: torch.nn.Module, config: BCGConfig, info: Any) -> None:
@@ -168,6 +222,7 @@ def _accelerate(module: torch.nn.Module, config: BCGConfig, info: Any) -> None:
     runner = GraphRunner(module, config, info)
     acceleration = _Acceleration(runner)
     try:
+        _use_streaming(module, runner, acceleration)
         acceleration.undos.append(fingerprint.registration_hooks().remove)
         hook = ForwardHook(lambda below: (lambda *args, **kwargs: runner.enter(0, args, kwargs)),
                            stateful_reset=runner.on_pipeline_call_end)
@@ -193,28 +248,22 @@ def accelerate_pipeline(pipe: Any, config: BCGConfig | None = None) -> Any:
     """
     transformers = _transformers_of(pipe)
     config, reason = _prepared(config)
+    if getattr(pipe, "_offload_gpu_id", None) is not None and getattr(pipe, "_all_hooks", None) and (
+            reason is None or config.offload is not None):
+        raise AccelerationError(
+            f"{type(pipe).__name__} has model CPU offload enabled: accelerate's hook moves the whole transformer to "
+            "the GPU for each call, to new addresses (a CUDA graph replays fixed ones) and at its full size. Call "
+            "pipe.remove_all_hooks() first; keep the transformer on the GPU (pipe.to('cuda')), or, where it does not "
+            "fit, leave it on the CPU and stream its blocks: BCGConfig(offload=OffloadConfig(slots=2))."
+        )
     if reason is not None:
-        for _, module in transformers:
-            module.__dict__[_INACTIVE_ATTR] = reason
+        _stream_inactive([module for _, module in transformers], config, reason)
         return pipe
     _refuse_accelerated(f"this {type(pipe).__name__}", transformers, "remove_acceleration(pipe)")
-    if getattr(pipe, "_offload_gpu_id", None) is not None and getattr(pipe, "_all_hooks", None):
-        raise AccelerationError(
-            f"{type(pipe).__name__} has model CPU offload enabled: the transformer moves between CPU and GPU per "
-            "call, which a CUDA graph cannot replay. Call pipe.remove_all_hooks() and pipe.to('cuda') first."
-        )
     planned = [(_check_module(module), transformer_info(module, config.allow_unknown)) for _, module in transformers]
     if config.check_weights == "auto":
         config = dataclasses.replace(config, check_weights="per_pipeline_call")
-    done: list[torch.nn.Module] = []
-    try:
-        for module, info in planned:
-            _accelerate(module, config, info)
-            done.append(module)
-    except BaseException:
-        for module in done:
-            _remove_from_module(module)
-        raise
+    _accelerate_all(planned, config)
     return pipe
 
 
@@ -222,6 +271,10 @@ def _remove_from_module(module: torch.nn.Module) -> bool:
     module.__dict__.pop(_INACTIVE_ATTR, None)
     acceleration = module.__dict__.pop(_ATTR, None)
     if acceleration is None:
+        streaming = streaming_of(module)
+        if streaming is not None and streaming.created_by == "acceleration":  # acceleration was off: it streamed alone
+            streaming.remove()
+            return True
         return False
     acceleration.undo()
     acceleration.runner.detach()  # after the hook is out: module.forward is what eager code runs
@@ -271,7 +324,7 @@ def get_stats(obj: Any) -> BCGStats:
     every machine. ``TypeError`` for anything but a pipeline or a ``torch.nn.Module``."""
     runners = _runners(obj)
     if runners:
-        return BCGStats.combine([r.snapshot() for r in runners])
+        return _with_offload(BCGStats.combine([r.snapshot() for r in runners]), [r.module for r in runners])
     if isinstance(obj, torch.nn.Module):
         modules = [obj]
     elif isinstance(getattr(obj, "components", None), dict):
@@ -283,7 +336,13 @@ def get_stats(obj: Any) -> BCGStats:
         "accelerate_pipeline was not called on it, or remove_acceleration undid it"
     )
     names = ", ".join(type(m).__name__ for m in modules) or type(obj).__name__
-    return BCGStats.inactive(names, reason)
+    return _with_offload(BCGStats.inactive(names, reason), modules)
+
+
+def _with_offload(stats: BCGStats, modules: list[torch.nn.Module]) -> BCGStats:
+    """``stats`` with the weight streaming of ``modules`` (``offload``), where any streams."""
+    parts = [s.snapshot() for s in map(streaming_of, modules) if s is not None]
+    return dataclasses.replace(stats, offload=OffloadStats.combine(parts)) if parts else stats
 
 
 def clear_graphs(obj: Any) -> None:

@@ -1,4 +1,5 @@
-"""Configuration of pipeline acceleration (:class:`BCGConfig`) and the operator environment switches."""
+"""Configuration of pipeline acceleration (:class:`BCGConfig`), of weight streaming (:class:`OffloadConfig`) and
+the operator environment switches."""
 
 from __future__ import annotations
 
@@ -9,6 +10,56 @@ from dataclasses import dataclass, field
 ENV_ENABLE = "BCG_DIFFUSION"
 ENV_DEBUG = "BCG_DIFFUSION_DEBUG"
 ATTENTION_POLICIES = ("capture_safe", "break")
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Weight streaming: a transformer larger than the GPU runs with its repeated blocks in host memory.
+
+    Each block's parameters and buffers are packed into one host buffer (page-locked where CUDA is
+    there); ``slots`` device buffers, each the size of the largest block, hold the block being computed
+    and the next ones; block ``i`` always computes from slot ``i % slots``, so a captured graph reads its
+    weights at the same addresses on every replay. A copy stream loads the next block while the current
+    one computes. Everything else (embedders, final norm and projection) stays on the device.
+    See docs/accelerate.md "Weight streaming".
+
+    Attributes:
+        slots: device buffers (K >= 2; at most the number of blocks). More slots load further ahead
+            (K - 1 blocks) and cost K x the largest block of device memory.
+        pin_memory: register the host copies with CUDA (page-locked), so that copies run asynchronously
+            beside the compute. ``False`` keeps pageable memory (copies then hold the host until done).
+            Without CUDA the copies are plain CPU copies either way.
+        device: where the blocks compute, e.g. ``"cuda:1"``; ``None``: the current CUDA device, or the CPU
+            where CUDA is absent.
+        measure_waits: time with CUDA events how long the compute stream waited for copies
+            (``get_stats(...).offload.wait_s``); off by default (two events per block call).
+    """
+
+    slots: int = 2
+    pin_memory: bool = True
+    device: str | None = None
+    measure_waits: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.slots) or self.slots < 2:
+            raise ValueError(
+                f"OffloadConfig: slots must be an int >= 2 (the block computing and the next one loading), got "
+                f"{self.slots!r}; use slots=2 for the least device memory"
+            )
+        for name in ("pin_memory", "measure_waits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"OffloadConfig: {name} must be a bool, got {getattr(self, name)!r}")
+        if self.device is not None and not isinstance(self.device, str):
+            raise ValueError(f"OffloadConfig: device must be None or a device string like 'cuda:0', got {self.device!r}")
+
+
+def offload_config(value: object) -> "OffloadConfig | None":
+    """``BCGConfig.offload`` as given (``None``, an :class:`OffloadConfig`, or an int: the slot count) as a config."""
+    if value is None or isinstance(value, OffloadConfig):
+        return value
+    if _is_int(value):
+        return OffloadConfig(slots=value)
+    raise ValueError(f"BCGConfig: offload must be None, an OffloadConfig or a slot count (int >= 2), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -73,6 +124,10 @@ class BCGConfig:
             agreement round for the others (a rank that crashed or hangs without saying so); the
             ranks agree before each transformer call and after each capture
             (docs/multi-gpu.md). A rank that raises tells the others at once. Seconds, > 0.
+        offload: weight streaming of each transformer's repeated blocks from host memory
+            (:class:`OffloadConfig`, or an int: its slot count); ``None`` (default): the weights stay
+            where they are. Applied also where acceleration is off (no CUDA, ``BCG_DIFFUSION=0``): the
+            model then streams eagerly; ``remove_acceleration`` undoes it.
     """
 
     debug: bool = False
@@ -89,6 +144,7 @@ class BCGConfig:
     compile: bool = False
     pure_forwards: tuple[str, ...] = field(default_factory=tuple)
     rank_timeout_s: float = 300.0
+    offload: OffloadConfig | None = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.debug, bool), "debug must be a bool", self.debug)
@@ -143,6 +199,7 @@ class BCGConfig:
             "rank_timeout_s must be a positive number of seconds",
             self.rank_timeout_s,
         )
+        object.__setattr__(self, "offload", offload_config(self.offload))
 
     def with_environment(self) -> "BCGConfig":
         """This config with ``BCG_DIFFUSION_DEBUG=1`` applied."""

@@ -41,6 +41,62 @@ class UnitCounters:
 
 
 @dataclass(frozen=True)
+class OffloadStats:
+    """Weight streaming of one transformer (``BCGStats.offload``; docs/accelerate.md "Weight streaming").
+
+    Bytes: ``resident_bytes`` of weights kept on the device (everything outside the repeated blocks),
+    ``slot_bytes`` of the device slots together (``slots`` x the largest block), ``host_bytes`` of the
+    blocks' packed host copies (``pinned``: page-locked). Per transformer call: ``bytes_last_call``
+    streamed in the last call (every block it ran, once each when the loads went as predicted);
+    ``bytes_streamed`` and ``calls`` over all calls since streaming began. Loads: ``prefetched`` were
+    started ahead of the block's call, ``sync_loads`` were started by the call itself because the block
+    asked for was not the one predicted (a step cache skipping blocks, another block order): correct,
+    slower. ``wait_s``: seconds the compute stream waited for copies (CUDA events), ``None`` unless
+    ``OffloadConfig(measure_waits=True)``. ``blocks``: streamed blocks.
+    """
+
+    slots: int
+    blocks: int
+    resident_bytes: int
+    slot_bytes: int
+    host_bytes: int
+    pinned: bool
+    calls: int = 0
+    bytes_last_call: int = 0
+    bytes_streamed: int = 0
+    prefetched: int = 0
+    sync_loads: int = 0
+    wait_s: float | None = None
+
+    @staticmethod
+    def combine(parts: "list[OffloadStats | None]") -> "OffloadStats | None":
+        """The sum over several transformers (``None`` when none streams)."""
+        present = [p for p in parts if p is not None]
+        if len(present) <= 1:
+            return present[0] if present else None
+        waits = [p.wait_s for p in present if p.wait_s is not None]
+        summed = {f.name: sum(getattr(p, f.name) for p in present) for f in fields(OffloadStats)
+                  if f.name not in ("pinned", "wait_s")}
+        return OffloadStats(**summed, pinned=all(p.pinned for p in present), wait_s=sum(waits) if waits else None)
+
+    def __str__(self) -> str:
+        waited = f", waited {self.wait_s * 1e3:.1f} ms for copies" if self.wait_s is not None else ""
+        return (
+            f"  weight streaming: {self.blocks} blocks through {self.slots} slots ({_size(self.slot_bytes)}), "
+            f"{_size(self.resident_bytes)} resident, {_size(self.host_bytes)} on the host"
+            f"{' (pinned)' if self.pinned else ''}; {self.calls} calls, {_size(self.bytes_last_call)} in the last, "
+            f"{self.prefetched} loads prefetched, {self.sync_loads} loaded on demand{waited}"
+        )
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+@dataclass(frozen=True)
 class GraphEntryStats:
     """One graph key: captured (``fallback is None``) or running eagerly (``fallback`` says why).
 
@@ -117,6 +173,7 @@ class BCGStats:
     child_eager_calls: int = 0
     active: bool = True  # False: not accelerated (no CUDA, BCG_DIFFUSION=0, never accelerated); see inactive_reason
     inactive_reason: str | None = None
+    offload: OffloadStats | None = None  # weight streaming (OffloadConfig), also where acceleration is off
 
     @staticmethod
     def of(
@@ -175,13 +232,16 @@ class BCGStats:
                 summed[f.name] = next((v for v in values if v), None)
             elif f.name == "entries":
                 summed[f.name] = tuple(e for v in values for e in v)
+            elif f.name == "offload":
+                summed[f.name] = OffloadStats.combine(values)
             else:
                 summed[f.name] = sum(values)
         return BCGStats(**summed)
 
     def __str__(self) -> str:
         if not self.active:
-            return f"{self.transformer}: not accelerated ({self.inactive_reason}); every call runs eagerly"
+            text = f"{self.transformer}: not accelerated ({self.inactive_reason}); every call runs eagerly"
+            return text + (f"\n{self.offload}" if self.offload is not None else "")
         mode = " (debug: segments run eagerly)" if self.debug else ""
         failed = f" ({self.failed_captures} failed)" if self.failed_captures else ""
         lines = [
@@ -199,6 +259,8 @@ class BCGStats:
                 f"  step cache: {self.hooked_module_computed} module passes computed, "
                 f"{self.hooked_module_reused} reused"
             )
+        if self.offload is not None:
+            lines.append(str(self.offload))
         for e in self.entries:
             if e.fallback:
                 state = f"eager fallback ({e.fallback})"

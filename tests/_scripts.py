@@ -23,6 +23,7 @@ MODULES = {
     "bench_shapes": "bcg_diffusion.benchmarks.shapes.bench_shapes",
     "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit.cache_dit_bench",
     "bench_stack": "bcg_diffusion.benchmarks.stack.stack_bench",
+    "bench_offload": "bcg_diffusion.benchmarks.offload.bench_offload",
     "zoo_bench": "bcg_diffusion.benchmarks.zoo.zoo_bench",
     "zoo_probe": "bcg_diffusion.benchmarks.zoo.zoo_probe",
     "capture_profile": "bcg_diffusion.benchmarks.profile.capture_profile",

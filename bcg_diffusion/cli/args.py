@@ -10,6 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
+from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.choices import CP_MODES, MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
 from bcg_diffusion.toolkit.options import add_model_options, command_name
 from bcg_diffusion.toolkit.stack_options import add_stack_options
@@ -71,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--debug-cuda-graph", action="store_true",
                    help="BCG with every segment run eagerly (BCGConfig(debug=True)); implies --bcg")
     add_stack_options(g)  # --quant, --cache, --compile, --compile-cache, --attention-backend: as bcg-serve's
+    g.add_argument("--offload", type=int, nargs="?", const=DEFAULT_SLOTS, default=None, metavar="K",
+                   help=f"{OFFLOAD_HELP}; with --compare both runs stream")
     g.add_argument("--compare", action="store_true",
                    help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
                    "and whether the outputs are bitwise identical")

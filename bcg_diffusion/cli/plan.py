@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
+from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_quant_problem
 from bcg_diffusion.toolkit.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
 from bcg_diffusion.toolkit.sizes import max_side, parse_sizes
@@ -91,6 +92,7 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
         check_binning_flag(spec, parser)
     # the stack as bcg-serve reads it (a checkpoint's family is known after loading: its cache is checked then)
     stack = read_stack(args, parser, family=spec.name if spec is not None else None, device=device)
+    check_offload(args, parser)
     model_size = args.size if spec is not None else "checkpoint"
     try:
         call = pipelines.plan_call(spec, args.size, prompt=args.prompt, height=args.height, width=args.width,
@@ -133,6 +135,19 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--guidance must be a number in 0 .. {GUIDANCE_LIMIT:.0f} (got {args.guidance})")
     if not 0 <= args.seed < SEED_LIMIT:
         parser.error(f"--seed must be in 0 .. 2**64 - 1 (got {args.seed})")
+
+def check_offload(args, parser: argparse.ArgumentParser) -> None:
+    """``--offload K``: K >= 2, and not with ``--cp`` or ``--quant`` (``parser.error`` saying why)."""
+    if args.offload is None:
+        return
+    problem = offload_problem(args.offload)
+    if problem:
+        parser.error(problem)
+    if args.cp is not None:
+        parser.error(f"--offload with --cp {args.cp}: context parallelism splits the work, not the weights; each rank "
+                     "would stream the whole transformer. Use one of the two")
+    if problem := offload_with_quant_problem(args.offload, args.quant):
+        parser.error(problem)
 
 def not_utf8(text: str | None) -> str | None:
     """Where ``text`` (an argument as Python decoded it) cannot be UTF-8, or ``None``: bytes that were not UTF-8

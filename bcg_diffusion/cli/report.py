@@ -49,6 +49,10 @@ def print_summary(pipe, plan: Plan, args, call: dict[str, Any], results: list[Ru
     last = results[-1]
     if last.bcg_stats is not None:
         print(format_bcg_stats(last.bcg_stats, indent="    "))
+    elif getattr(args, "offload", None) is not None:  # an eager run that streamed: its streaming statistics
+        import bcg_diffusion
+
+        print(f"  {str(bcg_diffusion.get_stats(pipe).offload).strip()}")
     if plan.stack.compile:
         print(compile_setup_line(setup, results))
     if compile_cache is not None:

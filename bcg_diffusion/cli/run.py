@@ -38,6 +38,7 @@ import bcg_diffusion
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.cache_option import apply_cache, cache_passes, check_cache, reset_cache_state
 from bcg_diffusion.toolkit.media import save_output
+from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.sizes import max_side
 from bcg_diffusion.toolkit.stack import quantize_layer
@@ -128,7 +129,8 @@ def generate(plan: Plan, args) -> int:
     except Failure as failure:
         print(f"{err}{failure}", file=sys.stderr)
         return failure.code
-    print(f"building {plan.model} ({plan.model_size}) on {plan.device} in {pipelines.dtype_name(plan.dtype)} ...", flush=True)
+    print(f"building {plan.model} ({plan.model_size}) on {build_device(args.offload, plan.device)} in "
+          f"{pipelines.dtype_name(plan.dtype)} ...", flush=True)
     t0 = time.perf_counter()
     try:
         pipe = build(plan, args)
@@ -139,7 +141,7 @@ def generate(plan: Plan, args) -> int:
         return 1
     build_s = time.perf_counter() - t0
     try:
-        quantized = quantize_layer(pipe, plan.stack)
+        quantized = quantize_layer(pipe, plan.stack) + offload_transformer(pipe, plan, args)
         call, notes = prepare(pipe, plan, args)
         notes = quantized + notes
         print(f"built in {build_s:.1f} s; {', '.join(f'{k}={v!r}' for k, v in call.items() if k != 'prompt')}")
@@ -190,14 +192,25 @@ def open_compile_cache(plan: Plan, args):
 
 def build(plan: Plan, args):
     """The pipeline with random weights (a family) or real weights (a checkpoint), progress bar on."""
+    device = build_device(args.offload, plan.device)  # --offload: the transformer stays on the CPU
     if plan.is_family:
-        pipe = pipelines.build_pipeline(plan.model, size=args.size, device=plan.device, dtype=plan.dtype, seed=args.seed)
+        pipe = pipelines.build_pipeline(plan.model, size=args.size, device=device, dtype=plan.dtype, seed=args.seed)
     else:
-        pipe = pipelines.load_pipeline(plan.model, device=plan.device, dtype=plan.dtype)
+        pipe = pipelines.load_pipeline(plan.model, device=device, dtype=plan.dtype)
         with contextlib.suppress(ValueError):
             plan.spec = pipelines.family_of(pipe)
     pipe.set_progress_bar_config(disable=not plan.is_rank0, desc="denoising")  # --cp: rank 0's bar only
     return pipe
+
+
+def offload_transformer(pipe, plan: Plan, args) -> list[str]:
+    """``--offload K``: the other components on the device, the transformer streaming its blocks; the note to print."""
+    if args.offload is None:
+        return []
+    try:
+        return [stream_transformers(pipe, args.offload, plan.device)]
+    except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError (too many slots, no room under the cap)
+        raise Failure(1, f"error: --offload {args.offload}: {type(exc).__name__}: {exc}") from exc
 
 
 def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:

@@ -69,7 +69,9 @@ INLINE_HOOKS = frozenset({"ContextParallelSplitHook", "ContextParallelGatherHook
 
 _OFFLOAD = (
     "group offloading moves weights between devices on every call, and a CUDA graph replays fixed "
-    "weight addresses. Turn it off (keep the transformer on the GPU) before accelerating"
+    "weight addresses. Turn it off (keep the transformer on the GPU) before accelerating; for a transformer "
+    "larger than the GPU, load it without group offloading and stream its blocks instead: "
+    "BCGConfig(offload=OffloadConfig(slots=2)) (weights at fixed addresses, graphs kept)"
 )
 _CASTING = (
     "layerwise casting re-casts the weights to the compute dtype on every call (new tensors each "
@@ -265,7 +267,8 @@ class ModelState:
                 raise AccelerationError(
                     f"{owner} has accelerate hooks (enable_model_cpu_offload / enable_sequential_cpu_offload / "
                     "device_map): weights move between CPU and GPU per call, which a CUDA graph cannot replay. "
-                    "Turn offloading off (keep the transformer on the GPU) before accelerating."
+                    "Turn offloading off (keep the transformer on the GPU) before accelerating; for a transformer "
+                    "larger than the GPU, stream its blocks instead: BCGConfig(offload=OffloadConfig(slots=2))."
                 )
             names = diffusers_hook_names(module)
             for name in names:

@@ -22,6 +22,7 @@ import logging
 import sys
 
 from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 from bcg_diffusion.toolkit.stack_options import add_stack_options
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("speed")
     g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
     add_stack_options(g)  # --quant, --cache, --compile, --compile-cache, --attention-backend: as bcg-generate's
+    g.add_argument("--offload", type=int, nargs="?", const=DEFAULT_SLOTS, default=None, metavar="K", help=OFFLOAD_HELP)
     g.add_argument("--warmup", default=None, metavar="WxH[,WxH...]",
                    help="sizes to run once before listening, e.g. 512x512,1024x1024 (bcg_diffusion.warmup where it "
                    "exists, else one 2-step call per size; with --cache, calls of the default step count, so that the "

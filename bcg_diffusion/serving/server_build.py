@@ -16,6 +16,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
 from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compiled_graphs, quantize_layer
@@ -94,11 +95,12 @@ def make_batcher(plan: ServerPlan, worker: PipelineWorker, generator: ImageGener
 
 def build_pipeline(plan: ServerPlan):
     """The pipeline (random weights of a family, or a checkpoint), and its family (``None`` if unknown)."""
+    device = build_device(plan.offload, plan.device)  # --offload: the transformer stays on the CPU
     try:
         if plan.spec is not None:
-            pipe = pipelines.build_pipeline(plan.spec.name, size=plan.size, device=plan.device, dtype=plan.dtype, seed=0)
+            pipe = pipelines.build_pipeline(plan.spec.name, size=plan.size, device=device, dtype=plan.dtype, seed=0)
             return pipe, plan.spec
-        pipe = pipelines.load_pipeline(plan.model, device=plan.device, dtype=plan.dtype)
+        pipe = pipelines.load_pipeline(plan.model, device=device, dtype=plan.dtype)
     except Exception as exc:  # noqa: BLE001 - a failed build is reported, not a traceback
         hint = offline_hint(plan.model, exc) if plan.spec is None else None
         raise Failure(1, f"error: {hint}" if hint else f"error: could not build {plan.model}: {type(exc).__name__}: "
@@ -122,7 +124,7 @@ def stack_up(pipe, spec, plan: ServerPlan):
     """The speed stack on the built pipeline, in order: quantization, the LoRA adapters (before BCG and compile touch
     the transformer), the attention backend, the step cache, compile, BCG; the adapter bank (``None`` without
     adapters) and the lines that say what was done, the stack's first."""
-    notes = [stack_line(plan)] + quantize_layer(pipe, plan.stack)
+    notes = [stack_line(plan)] + quantize_layer(pipe, plan.stack) + stream_offloaded(pipe, plan)
     adapters = attach_adapters(pipe, list(plan.adapters), plan.base_model, prog(), rank=plan.lora_rank,
                                gpu_slots=plan.lora_gpu_slots)
     steps = default_steps(pipe, spec, plan.steps)
@@ -164,6 +166,16 @@ def save_compile_cache(cache) -> str | None:
                 else f"compile cache: saved the warm-up's compile artifacts to {path}")
     print(line, flush=True)
     return line
+
+
+def stream_offloaded(pipe, plan: ServerPlan) -> list[str]:
+    """``--offload K``: the transformer streams its blocks through K device slots; the note to print."""
+    if plan.offload is None:
+        return []
+    try:
+        return [stream_transformers(pipe, plan.offload, plan.device)]
+    except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError (too many slots, no room under the cap)
+        raise Failure(1, f"error: --offload {plan.offload}: {type(exc).__name__}: {exc}") from exc
 
 
 def default_steps(pipe, spec, steps: int | None) -> int:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import torch
 
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_quant_problem
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, command_name, family_or_checkpoint
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
@@ -91,6 +92,7 @@ class ServerPlan:
     host: str = "127.0.0.1"
     port: int = 0
     step: StepConfig | None = None
+    offload: int | None = None  # --offload K: the transformer streams its blocks through K slots
 
     @property
     def compile(self) -> bool:
@@ -110,6 +112,9 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     ``warn_open_host``, a ``--host`` reachable from other machines without an API key is warned about once the
     options are read, before the device and the model are checked."""
     check_numbers(args, parser)
+    if problem := (offload_problem(getattr(args, "offload", None))
+                   or offload_with_quant_problem(getattr(args, "offload", None), getattr(args, "quant", None))):
+        parser.error(problem)
     key = api_key(args, parser)
     warmup, default_size, injections = parse_values(args, parser)
     adapters = lora_specs(args, parser)
@@ -129,7 +134,8 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
         max_queue=args.max_queue, resolution_binning=not args.no_resolution_binning, max_batch=args.max_batch,
         batch_window_ms=args.batch_window_ms, batch_work_limit=args.batch_work_limit, adapters=tuple(adapters),
         lora_rank=args.lora_rank, lora_gpu_slots=args.lora_gpu_slots, stack=stack, bcg=bool(args.bcg),
-        injections=injections, api_key=key, host=args.host, port=args.port, step=step_config(args, spec, parser))
+        injections=injections, api_key=key, host=args.host, port=args.port, step=step_config(args, spec, parser),
+        offload=getattr(args, "offload", None))
 
 
 def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

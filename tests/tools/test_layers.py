@@ -48,7 +48,7 @@ TOOL_PACKAGES = (*COMMAND_PACKAGES, KIT)
 PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
 #: The user API, which the integration sits below (config, errors, families and stats are shared by both).
 API_MODULES = ("bcg_diffusion", "bcg_diffusion.accelerate", "bcg_diffusion.compile_cache", "bcg_diffusion.step_caches",
-               "bcg_diffusion.warmup")
+               "bcg_diffusion.warmup", "bcg_diffusion.weight_streaming")
 CORE_MAY_IMPORT = ("torch", "cuda")
 #: The only modules that import Ray (the optional ``ray`` extra): the single server runs without it.
 RAY_MODULES = ("bcg_diffusion.serving.ray_app", "bcg_diffusion.serving.ray_run")
