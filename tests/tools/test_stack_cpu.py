@@ -35,6 +35,7 @@ from bcg_diffusion.serving.replica_state import (
 )
 from bcg_diffusion.serving.server_build import CACHED_UNBATCHED
 from bcg_diffusion.serving.startup_warmup import WARMUP_STEPS, plan_warmup
+from bcg_diffusion.toolkit.stack import compiled_graphs
 from bcg_diffusion.toolkit.stack_options import StackOptions
 
 # -------------------------------------------------------------------------------------------------------
@@ -154,18 +155,20 @@ STACKED = "--model flux --device cpu --steps 4 --cache fbc:0.5 --max-batch 4 --b
 
 @pytest.fixture(scope="module")
 def stacked():
-    """``(state, start-up output)`` of an in-process stacked server (tiny Flux, FirstBlockCache, --max-batch 4)."""
+    """``(state, start-up output, dynamo's graph count before the build)`` of an in-process stacked server (tiny Flux,
+    FirstBlockCache, --max-batch 4). The count is process-wide: other tests in this process may have compiled."""
     output = io.StringIO()
+    compiled_before = compiled_graphs()
     with contextlib.redirect_stdout(output):
         state = build_server_state(parse_server_args(STACKED))
     try:
-        yield state, output.getvalue()
+        yield state, output.getvalue(), compiled_before
     finally:
         stop_server_state(state)
 
 
 def test_a_stacked_server_names_its_stack_and_warms_the_cached_steps(stacked):
-    state, started = stacked
+    state, started, compiled_before = stacked
     assert "stack: cache fbc:0.5, with BCG" in started, started
     assert "warming up 64x64 (WxH; bcg_diffusion.warmup, 4 steps)" in started, started  # no --warmup: the default
     with TestClient(create_app(state)) as client:
@@ -174,11 +177,12 @@ def test_a_stacked_server_names_its_stack_and_warms_the_cached_steps(stacked):
     assert (stack["cache"], stack["layers"], stack["text"], stack["bcg"]) == ("fbc:0.5", ["cache fbc:0.5"], "cache fbc:0.5",
                                                                              True)
     assert info["server"]["warmup"]["sizes"] == ["64x64"] and info["server"]["warmup"]["steps"] == 4
-    assert info["compiled_graphs"] == info["server"]["warmup"]["compiled_graphs"] == 0  # nothing compiles here
+    # nothing compiles here: the process-wide count is where it was before the build
+    assert info["compiled_graphs"] == info["server"]["warmup"]["compiled_graphs"] == compiled_before
 
 
 def test_a_step_cache_keeps_requests_unbatched_and_says_so(stacked):
-    state, started = stacked
+    state, started, _ = stacked
     assert f"batching: off: {CACHED_UNBATCHED}" in started, started
     assert state.batcher is None and state.info["max_batch"] == 4 and state.info["batching_off"] == CACHED_UNBATCHED
     bodies = [{"prompt": p, "size": "64x64", "seed": s} for p, s in (("a fox", 1), ("a lighthouse", 2), ("a cat", 3))]
