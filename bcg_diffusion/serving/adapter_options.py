@@ -1,21 +1,20 @@
-"""The server's LoRA options (``--lora NAME=PATH``, ``--lora-rank``, ``--lora-gpu-slots``) and their start-up:
-check them, load the adapters (:class:`.adapters.AdapterBank`), warm the adapter state, hand the bank to the
-generator and the planner. Any adapter that cannot be served stops the server before it listens, with a
-message naming the adapter (exit code 2)."""
+"""The server's LoRA options (``--lora NAME=PATH``, ``--lora-rank``, ``--lora-gpu-slots``), checked once with the
+command line, and the adapters loaded at start-up (:class:`.adapters.AdapterBank`). Any adapter that cannot be served
+stops the server before it listens, with a message naming the adapter (exit code 2)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Callable
 
 from bcg_diffusion.toolkit.options import Failure
 
 from .adapters import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
+from .catalog import ModelCatalog
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_lora_options", "attach_adapters", "lora_specs", "warm_adapters"]
+__all__ = ["add_lora_options", "attach_adapters", "lora_specs"]
 
 
 def add_lora_options(p: argparse.ArgumentParser) -> None:
@@ -50,34 +49,16 @@ def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
     return specs
 
 
-def attach_adapters(pipe, specs: list[AdapterSpec], base_model: str, prog: str, *, rank: int | None = None,
-                    gpu_slots: int | None = None) -> AdapterBank | None:
-    """Load the adapters into ``pipe``'s transformer (before BCG or compile touch it), padded to ``rank``
-    (``--lora-rank``), ``gpu_slots`` of them kept on the device (``--lora-gpu-slots``); ``None`` without any.
-    :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot be served."""
-    if not specs:
+def attach_adapters(pipe, adapters, catalog: ModelCatalog, prog: str) -> AdapterBank | None:
+    """Load the adapters of ``adapters`` (a :class:`~.server_plan.AdapterPlan`: the specs, ``--lora-rank``,
+    ``--lora-gpu-slots``) into ``pipe``'s transformer (before BCG or compile touch it), in the order of ``catalog``;
+    ``None`` without any. :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot
+    be served."""
+    if not adapters.specs:
         return None
     try:
-        bank = AdapterBank(pipe, specs, base_model=base_model, target_rank=rank, gpu_slots=gpu_slots)
+        bank = AdapterBank(pipe, adapters.specs, catalog, target_rank=adapters.rank, gpu_slots=adapters.gpu_slots)
         bank.load()
     except AdapterError as exc:
         raise Failure(2, f"{prog}: error: {exc}") from exc
     return bank
-
-
-def warm_adapters(bank: AdapterBank | None, worker, generator, warm: Callable[[], Any]) -> None:
-    """With adapters, run the warm-up ``warm`` (which the server ran for the base model, the slot disabled)
-    once more with an adapter in the slot, so both graph keys of every warmed size are captured; then serve
-    the base model, hand the bank to the generator, and count from zero."""
-    if bank is None:
-        return
-    if bank.names:
-        worker.submit(lambda: bank.select(bank.names[0])).result()
-        try:
-            warm()
-        finally:
-            worker.submit(lambda: bank.select(None)).result()
-    generator.adapters = bank
-    generator.refresh_stats()
-    bank.mark_ready(generator.bcg_stats)
-    generator.refresh_stats()

@@ -33,6 +33,8 @@ from typing import Any, Iterable
 
 import torch
 
+from .catalog import ModelCatalog
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["ADAPTER_NAME_PATTERN", "SLOT", "AdapterBank", "AdapterError", "AdapterSpec", "parse_lora_option"]
@@ -97,43 +99,40 @@ def _quiet_diffusers():
         dlogging.set_verbosity(level)
 
 
+@dataclass
+class _Slot:
+    """The hot-swap slot: its LoRA parameters and layers (found once the first adapter is loaded), whose adapter's
+    tensors it holds (``live``) at what scale, and whether it is enabled (disabled: the base model)."""
+
+    params: dict[str, torch.nn.Parameter] = field(default_factory=dict)
+    layers: dict[str, Any] = field(default_factory=dict)
+    live: str | None = None
+    live_scale: float | None = None
+    enabled: bool = True
+
+
 class AdapterBank:
-    """The adapters of one pipeline's transformer (see the module docstring).
+    """The adapters of one pipeline's transformer (see the module docstring), those of ``catalog`` in its order.
 
     ``target_rank``: the hot-swap rank (default: the largest rank among the adapters); ``gpu_slots``: adapters
-    kept on the device (default: all). :meth:`load` checks and loads them (:class:`AdapterError` naming the
-    adapter); :meth:`select` sets what the next pipeline call serves; :meth:`resolve` maps a request's
-    ``model`` to an adapter name.
+    kept on the device (default: all); both checked by the command line (``--lora-rank``, ``--lora-gpu-slots``).
+    :meth:`load` checks and loads them (:class:`AdapterError` naming the adapter); :meth:`select` sets what the next
+    pipeline call serves.
     """
 
-    def __init__(self, pipe, specs: Iterable[AdapterSpec], *, base_model: str, target_rank: int | None = None,
+    def __init__(self, pipe, specs: Iterable[AdapterSpec], catalog: ModelCatalog, *, target_rank: int | None = None,
                  gpu_slots: int | None = None):
         self.pipe = pipe
         self.transformer = pipe.transformer
-        self.specs = list(specs)
-        self.base_model = base_model
-        names = [s.name for s in self.specs]
-        for name in names:
-            if names.count(name) > 1:
-                raise AdapterError(f"--lora {name}: the name is given twice; each adapter needs a name of its own")
-            if name == base_model:
-                raise AdapterError(f"--lora {name}: the name is the base model's ({base_model}); requests could not "
-                                   "tell them apart: choose another name")
-        if target_rank is not None and target_rank < 1:
-            raise AdapterError(f"--lora-rank must be >= 1 (got {target_rank})")
-        if gpu_slots is not None and gpu_slots < 1:
-            raise AdapterError(f"--lora-gpu-slots must be >= 1 (got {gpu_slots})")
-        self.requested_rank = target_rank
+        by_name = {s.name: s for s in specs}
+        self.specs = [by_name[name] for name in catalog.adapters]
+        self.catalog = catalog
         self.target_rank = target_rank
         self.gpu_slots = gpu_slots if gpu_slots is not None else max(1, len(self.specs))
         self.device = next(self.transformer.parameters()).device
         self._adapters: dict[str, _Adapter] = {}
-        self._slot_params: dict[str, torch.nn.Parameter] = {}
-        self._slot_layers: dict[str, Any] = {}
+        self._slot = _Slot()
         self._on_device: collections.OrderedDict[str, dict[str, torch.Tensor]] = collections.OrderedDict()
-        self._live: str | None = None  # whose tensors the slot holds
-        self._live_scale: float | None = None
-        self._enabled = True
         self.base_requests = 0
         self.switches = 0
         self._captures_at_ready: int | None = None
@@ -141,7 +140,7 @@ class AdapterBank:
     # -- start-up ---------------------------------------------------------------------------------
     @property
     def names(self) -> list[str]:
-        return [s.name for s in self.specs]
+        return list(self.catalog.adapters)
 
     def load(self) -> None:
         """Check every adapter, then load each into the slot once and keep its image; :class:`AdapterError`
@@ -152,16 +151,28 @@ class AdapterBank:
             raise AdapterError(f"--lora: {type(self.pipe).__name__} (transformer {type(self.transformer).__name__}) "
                                "takes no LoRA adapters in diffusers (no load_lora_weights); serve a model whose "
                                "pipeline does, e.g. flux, sd3, sana, qwenimage")
-        checked = [self._check(spec) for spec in self.specs]
-        largest = max(a.rank for a in checked)
+        order = self._slot_order([self._check(spec) for spec in self.specs])
+        self.transformer.enable_lora_hotswap(target_rank=self.target_rank)
+        for i, adapter in enumerate(order):
+            self._load_into_slot(adapter, first=i == 0)
+        self._adapters = {s.name: self._adapters[s.name] for s in self.specs}  # the command line's order
+        self._slot.live, self._slot.live_scale = order[-1].spec.name, 1.0
+        self.transformer.disable_adapters()
+        self._slot.enabled = False
+        logger.info("adapters: %s (hot-swap rank %d, %d on the device)", ", ".join(self.names), self.target_rank,
+                    self.gpu_slots)
+
+    def _slot_order(self, checked: list[_Adapter]) -> list[_Adapter]:
+        """The order of loading: the adapter with the most target modules first (its LoRA layers are the slot's);
+        sets the hot-swap rank. :class:`AdapterError` for an adapter above the rank or outside the slot's modules."""
         if self.target_rank is None:
-            self.target_rank = largest
+            self.target_rank = max(a.rank for a in checked)
         for adapter in checked:
             if adapter.rank > self.target_rank:
                 raise AdapterError(f"--lora {adapter.spec.name}: rank {adapter.rank} is above the hot-swap rank "
                                    f"--lora-rank {self.target_rank}; raise --lora-rank to at least {adapter.rank} "
                                    "(or leave it out: the default is the largest rank)")
-        first = max(checked, key=lambda a: len(a.modules))  # its LoRA layers are the slot's
+        first = max(checked, key=lambda a: len(a.modules))
         for adapter in checked:
             outside = sorted(adapter.modules - first.modules)
             if outside:
@@ -169,41 +180,25 @@ class AdapterBank:
                     f"--lora {adapter.spec.name}: targets {len(outside)} module(s) that {first.spec.name} (the adapter "
                     f"with the most target modules, whose layers make the hot-swap slot) does not, e.g. {outside[0]}; "
                     "every adapter's target modules must be among one adapter's")
-        order = [first] + [a for a in checked if a is not first]
-        self.transformer.enable_lora_hotswap(target_rank=self.target_rank)
-        for i, adapter in enumerate(order):
-            try:
-                with _quiet_diffusers(), torch.no_grad():
-                    self.pipe.load_lora_weights(adapter.spec.path, adapter_name=SLOT, hotswap=i > 0)
-            except Exception as exc:  # noqa: BLE001 - reported with the adapter's name
-                raise AdapterError(f"--lora {adapter.spec.name}: diffusers could not load {adapter.spec.path}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
-            if i == 0:
-                self._find_slot()
-            self._keep_image(adapter)
-            self._adapters[adapter.spec.name] = adapter
-        self._adapters = {s.name: self._adapters[s.name] for s in self.specs}  # the command line's order
-        self._live = order[-1].spec.name
-        self._live_scale = 1.0
-        self.transformer.disable_adapters()
-        self._enabled = False
-        logger.info("adapters: %s (hot-swap rank %d, %d on the device)", ", ".join(self.names), self.target_rank,
-                    self.gpu_slots)
+        return [first] + [a for a in checked if a is not first]
+
+    def _load_into_slot(self, adapter: _Adapter, first: bool) -> None:
+        """Load ``adapter`` into the slot through diffusers (hot-swapped after the first) and keep its image."""
+        try:
+            with _quiet_diffusers(), torch.no_grad():
+                self.pipe.load_lora_weights(adapter.spec.path, adapter_name=SLOT, hotswap=not first)
+        except Exception as exc:  # noqa: BLE001 - reported with the adapter's name
+            raise AdapterError(f"--lora {adapter.spec.name}: diffusers could not load {adapter.spec.path}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        if first:
+            self._find_slot()
+        self._keep_image(adapter)
+        self._adapters[adapter.spec.name] = adapter
 
     def _check(self, spec: AdapterSpec) -> _Adapter:
         """Read one adapter's state dict; :class:`AdapterError` for a missing file, keys outside the transformer,
         modules the transformer lacks, or shapes that do not fit them."""
-        path = Path(spec.path)
-        if not (path.is_file() or (path.is_dir() and any(path.glob("*.safetensors")))):
-            what = "is a folder without a .safetensors file" if path.is_dir() else "does not exist"
-            raise AdapterError(f"--lora {spec.name}: {spec.path} {what}; give a LoRA .safetensors file (or its folder)")
-        try:
-            with _quiet_diffusers():
-                loaded = self.pipe.lora_state_dict(spec.path)
-        except Exception as exc:  # noqa: BLE001
-            raise AdapterError(f"--lora {spec.name}: {spec.path} is not a LoRA diffusers can read: "
-                               f"{type(exc).__name__}: {exc}") from exc
-        state = loaded[0] if isinstance(loaded, tuple) else loaded
+        state = self._state_dict(spec)
         prefix = f"{getattr(self.pipe, 'transformer_name', 'transformer')}."
         outside = sorted(k for k in state if not k.startswith(prefix))
         if outside:
@@ -214,86 +209,95 @@ class AdapterBank:
             down = any(m in key for m in _LORA_DOWN)
             if not down and not any(m in key for m in _LORA_UP):
                 continue  # alphas, DoRA magnitudes: diffusers and peft judge them
-            module_name = re.split(r"\.lora_(?:A|B|up|down)\.", key[len(prefix):])[0]
-            try:
-                module = self.transformer.get_submodule(module_name)
-            except AttributeError:
-                raise AdapterError(f"--lora {spec.name}: targets {module_name!r}, which "
-                                   f"{type(self.transformer).__name__} does not have; is it an adapter for another "
-                                   "model?") from None
-            base = getattr(module, "base_layer", module)
-            want = getattr(base, "in_features", None) if down else getattr(base, "out_features", None)
-            got = tensor.shape[1] if down else tensor.shape[0]
-            if want is None:
-                raise AdapterError(f"--lora {spec.name}: targets {module_name!r}, a {type(base).__name__}; the server "
-                                   "swaps LoRA on linear layers only")
-            if tensor.dim() != 2 or got != want:
-                side = "input" if down else "output"
-                raise AdapterError(f"--lora {spec.name}: {key} has shape {tuple(tensor.shape)}, but {module_name!r} "
-                                   f"has {want} {side} features; is it an adapter for another model or size?")
+            modules.add(self._check_matrix(spec, key[len(prefix):], key, tensor, down))
             if down:
                 rank = max(rank, tensor.shape[0])
-            modules.add(module_name)
         if not modules:
             raise AdapterError(f"--lora {spec.name}: {spec.path} holds no LoRA matrices (lora_A/lora_B) for the "
                                "transformer")
         return _Adapter(spec, rank, frozenset(modules))
 
+    def _state_dict(self, spec: AdapterSpec) -> dict[str, torch.Tensor]:
+        """The adapter's state dict as diffusers reads it; :class:`AdapterError` for a missing or unreadable file."""
+        path = Path(spec.path)
+        if not (path.is_file() or (path.is_dir() and any(path.glob("*.safetensors")))):
+            what = "is a folder without a .safetensors file" if path.is_dir() else "does not exist"
+            raise AdapterError(f"--lora {spec.name}: {spec.path} {what}; give a LoRA .safetensors file (or its folder)")
+        try:
+            with _quiet_diffusers():
+                loaded = self.pipe.lora_state_dict(spec.path)
+        except Exception as exc:  # noqa: BLE001
+            raise AdapterError(f"--lora {spec.name}: {spec.path} is not a LoRA diffusers can read: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        return loaded[0] if isinstance(loaded, tuple) else loaded
+
+    def _check_matrix(self, spec: AdapterSpec, name: str, key: str, tensor: torch.Tensor, down: bool) -> str:
+        """The module one LoRA matrix (``key``, ``name`` without the transformer's prefix) targets;
+        :class:`AdapterError` when the transformer has no such linear layer or the shape does not fit it."""
+        module_name = re.split(r"\.lora_(?:A|B|up|down)\.", name)[0]
+        try:
+            module = self.transformer.get_submodule(module_name)
+        except AttributeError:
+            raise AdapterError(f"--lora {spec.name}: targets {module_name!r}, which "
+                               f"{type(self.transformer).__name__} does not have; is it an adapter for another "
+                               "model?") from None
+        base = getattr(module, "base_layer", module)
+        want = getattr(base, "in_features", None) if down else getattr(base, "out_features", None)
+        if want is None:
+            raise AdapterError(f"--lora {spec.name}: targets {module_name!r}, a {type(base).__name__}; the server "
+                               "swaps LoRA on linear layers only")
+        if tensor.dim() != 2 or (tensor.shape[1] if down else tensor.shape[0]) != want:
+            side = "input" if down else "output"
+            raise AdapterError(f"--lora {spec.name}: {key} has shape {tuple(tensor.shape)}, but {module_name!r} "
+                               f"has {want} {side} features; is it an adapter for another model or size?")
+        return module_name
+
     def _find_slot(self) -> None:
         for name, param in self.transformer.named_parameters():
             if f".{SLOT}." in name and ".lora_" in name:
-                self._slot_params[name] = param
+                self._slot.params[name] = param
         for name, module in self.transformer.named_modules():
             scaling = getattr(module, "scaling", None)
             if isinstance(scaling, dict) and SLOT in scaling:
                 if not isinstance(scaling[SLOT], torch.Tensor):
                     raise AdapterError("--lora: the hot-swap preparation left a LoRA scaling as a number; this "
                                        "peft version is not supported (peft >= 0.17 makes them tensors)")
-                self._slot_layers[name] = module
+                self._slot.layers[name] = module
 
     def _keep_image(self, adapter: _Adapter) -> None:
         pin = self.device.type == "cuda"
-        for name, param in self._slot_params.items():
+        for name, param in self._slot.params.items():
             kept = param.detach().to("cpu", copy=True)
             adapter.weights[name] = kept.pin_memory() if pin else kept
-        adapter.scalings = {name: float(m.scaling[SLOT]) for name, m in self._slot_layers.items()}
+        adapter.scalings = {name: float(m.scaling[SLOT]) for name, m in self._slot.layers.items()}
 
     # -- requests ----------------------------------------------------------------------------------
-    def resolve(self, model: str | None) -> str | None:
-        """The adapter a request's ``model`` names (``None``: the base model, for no ``model`` or the base
-        model's id); ``KeyError`` for a name that is neither."""
-        if model is None or model == self.base_model:
-            return None
-        if model in self._adapters:
-            return model
-        raise KeyError(model)
-
     def select(self, name: str | None, scale: float | None = None, requests: int = 1) -> None:
         """Make the next pipeline calls serve adapter ``name`` at ``scale`` (default 1.0; ``name=None``: the base
         model), for ``requests`` requests (counted). Call it on the worker thread, between pipeline calls."""
         scale = 1.0 if scale is None else float(scale)
         if name is None:
             self.base_requests += requests
-            if self._enabled:
+            if self._slot.enabled:
                 self.transformer.disable_adapters()
-                self._enabled = False
+                self._slot.enabled = False
             return
         adapter = self._adapters[name]
         adapter.requests += requests
         with torch.no_grad():
-            if self._live != name:
+            if self._slot.live != name:
                 source = self._device_image(adapter)
-                for pname, param in self._slot_params.items():
+                for pname, param in self._slot.params.items():
                     param.data.copy_(source[pname], non_blocking=True)  # .data: no version bump, no recapture
-                self._live, self._live_scale = name, None
+                self._slot.live, self._slot.live_scale = name, None
                 self.switches += 1
-            if self._live_scale != scale:
-                for lname, layer in self._slot_layers.items():
+            if self._slot.live_scale != scale:
+                for lname, layer in self._slot.layers.items():
                     layer.scaling[SLOT].fill_(scale * adapter.scalings[lname])
-                self._live_scale = scale
-        if not self._enabled:
+                self._slot.live_scale = scale
+        if not self._slot.enabled:
             self.transformer.enable_adapters()
-            self._enabled = True
+            self._slot.enabled = True
 
     def _device_image(self, adapter: _Adapter) -> dict[str, torch.Tensor]:
         name = adapter.spec.name
@@ -324,7 +328,7 @@ class AdapterBank:
         switch adapters."""
         captures = _captures(bcg_stats)
         ready = self._captures_at_ready
-        return {"base_model": self.base_model, "target_rank": self.target_rank, "gpu_slots": self.gpu_slots,
+        return {"base_model": self.catalog.base, "target_rank": self.target_rank, "gpu_slots": self.gpu_slots,
                 "base_requests": self.base_requests, "switches": self.switches,
                 "swaps": sum(a.swaps for a in self._adapters.values()), "on_device": list(self._on_device),
                 "captures_at_warmup": ready,

@@ -37,7 +37,8 @@ import bcg_diffusion
 
 from .batching import RequestBatcher
 from .png import encode_png_b64
-from .requests import GenerationJob, RequestError, RequestPlanner, body_too_large, model_not_found
+from .errors import RequestError, body_too_large, model_not_found
+from .requests import GenerationJob, RequestPlanner
 from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_memory
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,9 @@ class ServerState:
         return self.batcher.stats.snapshot()
 
     def model_ids(self) -> list[str]:
-        """The ids ``GET /v1/models`` lists (the base model first, then the adapters): the planner's, which
-        resolves a request's ``model`` field against the same list."""
-        return self.planner.model_ids()
+        """The ids ``GET /v1/models`` lists (the base model first, then the adapters): the planner's catalog, which
+        it resolves a request's ``model`` field against."""
+        return self.planner.catalog.ids()
 
 
 def model_object(model_id: str, created: int) -> dict[str, Any]:

@@ -52,7 +52,8 @@ else:
     MISSING = None
     from .load_report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
     from .load_run import replay_alone, run_open_loop
-    from .requests import RequestError, parse_size
+    from .errors import RequestError
+    from .requests import parse_size
     from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
 
 

@@ -61,9 +61,9 @@ class ImageServerReplica:
     def __init__(self, server_options: dict[str, Any]):
         server.quiet_known_messages()
         server.configure_logging(server_options.get("log_level", "info"))
-        self._state: ServerState = build_server_state(argparse.Namespace(**server_options))
-        self._state.info["replica"] = {"pid": os.getpid(), "id": _replica_id()}
-        logger.info("replica %s ready (pid %d)", self._state.info["replica"]["id"], os.getpid())
+        replica = {"pid": os.getpid(), "id": _replica_id()}
+        self._state: ServerState = build_server_state(argparse.Namespace(**server_options), replica)
+        logger.info("replica %s ready (pid %d)", replica["id"], os.getpid())
 
     def __serve_build_asgi_app__(self):
         return create_app(self._state)

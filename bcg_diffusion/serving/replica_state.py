@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Sequence
+from typing import Any, Sequence
 
 from bcg_diffusion.toolkit.options import Failure
 
@@ -55,13 +55,13 @@ def check_server_args(args: argparse.Namespace) -> ServerPlan:
     return plan
 
 
-def build_server_state(args: argparse.Namespace) -> ServerState:
+def build_server_state(args: argparse.Namespace, replica: dict[str, Any] | None = None) -> ServerState:
     """Build the pipeline of ``args``, speed it up and warm it (:func:`~.server_build.build_server`, as
-    ``bcg-serve`` before it listens); the state of its application. :class:`ServerOptionsError` for anything
-    ``bcg-serve`` would refuse or fail at."""
+    ``bcg-serve`` before it listens); the state of its application (``replica``: the replica's identity in
+    ``/stats``). :class:`ServerOptionsError` for anything ``bcg-serve`` would refuse or fail at."""
     check_server_args(args)
     try:
-        return build_server(read_plan(args, _raising_parser()))
+        return build_server(read_plan(args, _raising_parser()), replica)
     except Failure as failure:
         raise ServerOptionsError(str(failure)) from failure
 

@@ -18,17 +18,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 import bcg_pipelines as pipelines
 from bcg_pipelines.calls import BATCH_KWARGS
 
+from .catalog import ModelCatalog
+from .errors import RequestError, body_too_large
+
 __all__ = [
     "MAX_BODY_BYTES",
     "QUALITIES",
     "STYLES",
     "GenerationJob",
     "ImageRequest",
-    "RequestError",
     "RequestLimits",
     "RequestPlanner",
-    "body_too_large",
-    "model_not_found",
     "parse_size",
 ]
 
@@ -49,22 +49,6 @@ MAX_JSON_DEPTH = 16
 MAX_NAME_CHARS = 256
 #: ``lora_scale`` lies in -MAX_LORA_SCALE .. MAX_LORA_SCALE (it multiplies the adapter's alpha / rank).
 MAX_LORA_SCALE = 16.0
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
-
-    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class ImageRequest(BaseModel):
@@ -152,19 +136,6 @@ def parse_size(text: str, *, param: str = "size") -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def model_not_found(name: str, served: list[str]) -> RequestError:
-    """The 404 (OpenAI code ``model_not_found``) of a request whose ``model`` this server does not serve."""
-    shown = name if len(name) <= 80 else name[:77] + "..."
-    return RequestError(f"the model {shown!r} does not exist on this server; it serves {', '.join(map(repr, served))} "
-                        "(GET /v1/models lists them; leave model out for the base model)",
-                        status=404, param="model", code="model_not_found")
-
-
-def body_too_large(limit: int) -> RequestError:
-    return RequestError(f"the request body is larger than {limit} bytes; a request is a small JSON object (prompts "
-                        "of at most a few thousand characters)", status=413)
-
-
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -241,40 +212,24 @@ class RequestPlanner:
     ``use_resolution_binning=False`` wherever the pipeline takes it. The pipeline itself is only read
     (its call signature), never called.
 
-    ``model_id`` is the base model's id (``/v1/models``; a request's ``model`` field may name it);
-    ``adapter_ids`` the ids of the adapters the server serves besides (filled by the code that loads them):
-    :meth:`model_ids` lists both, :meth:`resolve_model` maps a request's ``model`` to an adapter id or ``None``.
+    ``catalog`` holds the served model ids: a request's ``model`` field is resolved against it (the base model, an
+    adapter, or a 404).
     """
 
     pipe: Any
     spec: Any
     size: str  # the model size (tiny, full), not an image size
     limits: RequestLimits
+    catalog: ModelCatalog
     default_width: int
     default_height: int
     default_steps: int
     resolution_binning: bool = True
-    model_id: str = "default"
-    adapter_ids: tuple[str, ...] = ()
 
     def __post_init__(self):
         params = pipelines.call_parameters(self.pipe)
         self.takes_batch = any(k in params for k in BATCH_KWARGS)
         self.takes_binning = "use_resolution_binning" in params
-
-    # -- models --------------------------------------------------------------------------------------
-    def model_ids(self) -> list[str]:
-        """What ``GET /v1/models`` lists: the base model's id first, then every adapter's."""
-        return [self.model_id, *self.adapter_ids]
-
-    def resolve_model(self, name: str | None) -> str | None:
-        """A request's ``model`` -> the adapter id it selects, ``None`` for the base model (absent, or the base
-        model's id); a 404 :class:`RequestError` (code ``model_not_found``) for an id this server does not serve."""
-        if name is None or name == self.model_id:
-            return None
-        if name in self.adapter_ids:
-            return name
-        raise model_not_found(name, self.model_ids())
 
     # -- body -> job ---------------------------------------------------------------------------------
     def parse(self, raw: bytes) -> GenerationJob:
@@ -295,6 +250,31 @@ class RequestPlanner:
 
     def job(self, r: ImageRequest) -> GenerationJob:
         """Check a typed request against the limits and build its pipeline call."""
+        self._check_texts(r)
+        lim = self.limits
+        n = 1 if r.n is None else r.n
+        max_n = lim.max_n if self.takes_batch else 1
+        if not 1 <= n <= max_n:
+            why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
+            raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
+        width, height = self._pixels(r.size)
+        steps = r.num_inference_steps if r.num_inference_steps is not None else self.default_steps
+        if not 1 <= steps <= lim.max_steps:
+            raise RequestError(f"num_inference_steps={steps} is out of range: 1 .. {lim.max_steps}",
+                               param="num_inference_steps")
+        seed = 0 if r.seed is None else r.seed
+        if not 0 <= seed < SEED_LIMIT:
+            raise RequestError(f"seed={seed} is out of range: 0 .. 2**64 - 1", param="seed")
+        if r.guidance_scale is not None and not 0.0 <= r.guidance_scale <= 1e4:
+            raise RequestError(f"guidance_scale={r.guidance_scale} is out of range: 0 .. 10000",
+                               param="guidance_scale")
+        call = self._call(r, width, height, steps, n)
+        adapter = self.catalog.resolve(r.model)
+        return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call,
+                             adapter=adapter, adapter_scale=self._adapter_scale(adapter, r.lora_scale))
+
+    def _check_texts(self, r: ImageRequest) -> None:
+        """The text fields: prompt not empty, lengths, the OpenAI values of quality, style and the formats."""
         lim = self.limits
         if not r.prompt.strip():
             raise RequestError("prompt must not be empty", param="prompt")
@@ -319,33 +299,13 @@ class RequestPlanner:
         if r.output_format not in (None, SUPPORTED_OUTPUT_FORMAT):
             raise RequestError(f"output_format {r.output_format!r} is not supported; this server returns PNG "
                                f"('{SUPPORTED_OUTPUT_FORMAT}')", param="output_format")
-        n = 1 if r.n is None else r.n
-        max_n = lim.max_n if self.takes_batch else 1
-        if not 1 <= n <= max_n:
-            why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
-            raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
-        width, height = self._pixels(r.size)
-        steps = r.num_inference_steps if r.num_inference_steps is not None else self.default_steps
-        if not 1 <= steps <= lim.max_steps:
-            raise RequestError(f"num_inference_steps={steps} is out of range: 1 .. {lim.max_steps}",
-                               param="num_inference_steps")
-        seed = 0 if r.seed is None else r.seed
-        if not 0 <= seed < SEED_LIMIT:
-            raise RequestError(f"seed={seed} is out of range: 0 .. 2**64 - 1", param="seed")
-        if r.guidance_scale is not None and not 0.0 <= r.guidance_scale <= 1e4:
-            raise RequestError(f"guidance_scale={r.guidance_scale} is out of range: 0 .. 10000",
-                               param="guidance_scale")
-        call = self._call(r, width, height, steps, n)
-        adapter = self.resolve_model(r.model)
-        return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call,
-                             adapter=adapter, adapter_scale=self._adapter_scale(adapter, r.lora_scale))
 
     def _adapter_scale(self, adapter: str | None, scale: float | None) -> float | None:
         """The scale of a request's adapter: ``lora_scale``, 1.0 without one; ``None`` for the base model (where a
         ``lora_scale`` is a 400: it would have no effect)."""
         if adapter is None:
             if scale is not None:
-                served = ", ".join(map(repr, self.adapter_ids)) or "none on this server"
+                served = ", ".join(map(repr, self.catalog.adapters)) or "none on this server"
                 raise RequestError(f"lora_scale applies to an adapter, and this request gets the base model; give model "
                                    f"as an adapter's id (GET /v1/models; adapters: {served}) or leave lora_scale out",
                                    param="lora_scale")

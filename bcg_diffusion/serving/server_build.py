@@ -20,14 +20,16 @@ from bcg_diffusion.toolkit.offload_option import build_device, stream_transforme
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
 from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compiled_graphs, quantize_layer
+from bcg_pipelines.calls import BATCH_KWARGS
 
-from .adapter_options import attach_adapters, warm_adapters
+from .adapter_options import attach_adapters
 from .app import ServerState
 from .batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
 from .step_batching import StepBatcher
 from .stepping import StepError
 from .granularity import pixel_granularity
-from .requests import RequestError, RequestLimits, RequestPlanner
+from .errors import RequestError
+from .requests import RequestLimits, RequestPlanner
 from .server_plan import ServerPlan, prog
 from .startup_warmup import WarmupPlan, plan_warmup, run_warmup
 from .worker import ImageGenerator, PipelineWorker, ServerCounters
@@ -43,41 +45,37 @@ CACHED_UNBATCHED = ("a step cache decides for a whole pipeline call (compute or 
 CHECKPOINT_DEFAULT_STEPS = 28
 
 
-def build_server(plan: ServerPlan) -> ServerState:
-    """Build, speed up and warm the pipeline of ``plan`` (printing what it does); the state of its application.
-    The worker thread started here is stopped again when the warm-up fails; ``ServerState.stop`` stops it."""
-    print(f"building {plan.model} ({plan.size if plan.spec is not None else 'weights'}) on {plan.device} in "
-          f"{pipelines.dtype_name(plan.dtype)} ...", flush=True)
+def build_server(plan: ServerPlan, replica: dict[str, Any] | None = None) -> ServerState:
+    """Build, speed up and warm the pipeline of ``plan`` (printing what it does); the state of its application, made
+    once (``replica``: a Ray Serve replica's identity for ``/stats``). The worker thread started here is stopped again
+    when the warm-up fails; ``ServerState.stop`` stops it."""
+    model = plan.model
+    print(f"building {model.name} ({model.model_size if model.spec is not None else 'weights'}) on {model.device} in "
+          f"{pipelines.dtype_name(model.dtype)} ...", flush=True)
     t0 = time.perf_counter()
     compile_cache = open_compile_cache(plan)
     pipe, spec = build_pipeline(plan)
-    adapters, notes = stack_up(pipe, spec, plan)
-    granularity = pixel_granularity(pipe, spec.spatial_multiple if spec is not None else None)
-    planner = make_planner(pipe, spec, plan, granularity)
-    if adapters is not None:
-        planner.adapter_ids = tuple(adapters.names)
-        notes.append(f"LoRA adapters: {', '.join(adapters.names)} (hot-swap rank {adapters.target_rank}, "
-                     f"{adapters.gpu_slots} kept on the device)")
+    bank, notes = stack_up(pipe, spec, plan)
+    off = batching_off(pipe, plan)
+    planner = make_planner(pipe, spec, plan, pixel_granularity(pipe, spec.spatial_multiple if spec else None), off)
     print_built(time.perf_counter() - t0, pipe, planner, notes)
-    shapes = batching_setup(pipe, planner, plan)
+    shapes = batching_setup(pipe, planner, plan, off)
     counters, worker = ServerCounters(), PipelineWorker()
-    generator = ImageGenerator(pipe, plan.device, counters, dict(plan.injections))
-    generator.before_call = cache_reset(pipe, plan.stack)  # a request's image depends on the request alone
-    warming = warmup_plan(plan, planner)
+    generator = ImageGenerator(pipe, model.device, counters, dict(plan.injections), adapters=bank,
+                               before_call=cache_reset(pipe, plan.stack))  # an image depends on its request alone
     batcher = None
     try:
         batcher = make_batcher(plan, worker, generator, shapes)
-        warm = (lambda: warm_up(worker, generator, planner, warming, shapes, batcher))
-        warmup = warm()
-        warm_adapters(adapters, worker, generator, warm)
+        warmup = warm_up(worker, generator, planner, warmup_plan(plan, planner), shapes, batcher)
     except BaseException:
         if batcher is not None:
             batcher.stop()
         worker.stop()
         raise
     warmup["compile_cache"] = save_compile_cache(compile_cache)
-    return ServerState(planner, worker, generator, counters, server_info(plan, spec, pipe, planner, warmup),
-                       plan.max_queue, api_key=plan.api_key, batcher=batcher)
+    info = server_info(plan, spec, pipe, planner, warmup, replica)
+    return ServerState(planner, worker, generator, counters, info, plan.requests.max_queue, api_key=plan.api_key,
+                       batcher=batcher)
 
 
 def make_batcher(plan: ServerPlan, worker: PipelineWorker, generator: ImageGenerator, shapes: BatchShapes | None):
@@ -85,25 +83,27 @@ def make_batcher(plan: ServerPlan, worker: PipelineWorker, generator: ImageGener
     for a pipeline the step scheduler cannot split."""
     if shapes is None:
         return None
-    if plan.step is None:
+    if plan.batching.step is None:
         return RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
     try:
-        return StepBatcher(worker, generator, shapes, plan.step)
+        return StepBatcher(worker, generator, shapes, plan.batching.step)
     except StepError as exc:
         raise Failure(2, f"{prog()}: error: --batching step: {exc}") from exc
 
 
 def build_pipeline(plan: ServerPlan):
     """The pipeline (random weights of a family, or a checkpoint), and its family (``None`` if unknown)."""
-    device = build_device(plan.offload, plan.device)  # --offload: the transformer stays on the CPU
+    model = plan.model
+    device = build_device(model.offload, model.device)  # --offload: the transformer stays on the CPU
     try:
-        if plan.spec is not None:
-            pipe = pipelines.build_pipeline(plan.spec.name, size=plan.size, device=device, dtype=plan.dtype, seed=0)
-            return pipe, plan.spec
-        pipe = pipelines.load_pipeline(plan.model, device=device, dtype=plan.dtype)
+        if model.spec is not None:
+            pipe = pipelines.build_pipeline(model.spec.name, size=model.model_size, device=device, dtype=model.dtype,
+                                            seed=0)
+            return pipe, model.spec
+        pipe = pipelines.load_pipeline(model.name, device=device, dtype=model.dtype)
     except Exception as exc:  # noqa: BLE001 - a failed build is reported, not a traceback
-        hint = offline_hint(plan.model, exc) if plan.spec is None else None
-        raise Failure(1, f"error: {hint}" if hint else f"error: could not build {plan.model}: {type(exc).__name__}: "
+        hint = offline_hint(model.name, exc) if model.spec is None else None
+        raise Failure(1, f"error: {hint}" if hint else f"error: could not build {model.name}: {type(exc).__name__}: "
                       f"{exc}") from exc
     pipe.set_progress_bar_config(disable=True)
     try:
@@ -111,9 +111,9 @@ def build_pipeline(plan: ServerPlan):
     except ValueError:
         spec = None
     if spec is not None and spec.is_video:
-        raise Failure(2, f"{prog()}: error: {plan.model} is a {spec.name} pipeline, which makes videos; serve.py "
+        raise Failure(2, f"{prog()}: error: {model.name} is a {spec.name} pipeline, which makes videos; serve.py "
                       "serves images")
-    if not plan.resolution_binning and "use_resolution_binning" not in pipelines.call_parameters(pipe):
+    if not plan.requests.resolution_binning and "use_resolution_binning" not in pipelines.call_parameters(pipe):
         raise Failure(2, f"{prog()}: error: --no-resolution-binning: {type(pipe).__name__} does not bin resolutions "
                       "(its __call__ takes no use_resolution_binning), so it already runs the asked size; leave the "
                       "flag out")
@@ -125,12 +125,14 @@ def stack_up(pipe, spec, plan: ServerPlan):
     the transformer), the attention backend, the step cache, compile, BCG; the adapter bank (``None`` without
     adapters) and the lines that say what was done, the stack's first."""
     notes = [stack_line(plan)] + quantize_layer(pipe, plan.stack) + stream_offloaded(pipe, plan)
-    adapters = attach_adapters(pipe, list(plan.adapters), plan.base_model, prog(), rank=plan.lora_rank,
-                               gpu_slots=plan.lora_gpu_slots)
-    steps = default_steps(pipe, spec, plan.steps)
+    bank = attach_adapters(pipe, plan.adapters, plan.catalog, prog())
+    if bank is not None:
+        notes.append(f"LoRA adapters: {', '.join(bank.names)} (hot-swap rank {bank.target_rank}, {bank.gpu_slots} kept "
+                     "on the device)")
+    steps = default_steps(pipe, spec, plan.requests.steps)
     notes += apply_speed_layers(pipe, plan.stack, spec.name if spec is not None else None, steps).notes
-    notes += speed_up(pipe, compile=False, bcg=plan.bcg, on_cuda=plan.device.type == "cuda")
-    return adapters, notes
+    notes += speed_up(pipe, compile=False, bcg=plan.bcg, on_cuda=plan.model.device.type == "cuda")
+    return bank, notes
 
 
 def stack_line(plan: ServerPlan) -> str:
@@ -170,12 +172,13 @@ def save_compile_cache(cache) -> str | None:
 
 def stream_offloaded(pipe, plan: ServerPlan) -> list[str]:
     """``--offload K``: the transformer streams its blocks through K device slots; the note to print."""
-    if plan.offload is None:
+    offload = plan.model.offload
+    if offload is None:
         return []
     try:
-        return [stream_transformers(pipe, plan.offload, plan.device)]
+        return [stream_transformers(pipe, offload, plan.model.device)]
     except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError (too many slots, no room under the cap)
-        raise Failure(1, f"error: --offload {plan.offload}: {type(exc).__name__}: {exc}") from exc
+        raise Failure(1, f"error: --offload {offload}: {type(exc).__name__}: {exc}") from exc
 
 
 def default_steps(pipe, spec, steps: int | None) -> int:
@@ -192,22 +195,26 @@ def default_steps(pipe, spec, steps: int | None) -> int:
 def model_size(plan: ServerPlan) -> str:
     """The model size whose defaults apply: ``--size`` for random weights; ``full`` for a checkpoint (the published
     model)."""
-    return plan.size if plan.random_weights else "full"
+    return plan.model.model_size if plan.model.random_weights else "full"
 
 
-def make_planner(pipe, spec, plan: ServerPlan, granularity: int) -> RequestPlanner:
+def make_planner(pipe, spec, plan: ServerPlan, granularity: int, batching_off: str | None = "") -> RequestPlanner:
     """The request planner of ``pipe`` under the plan's limits and defaults (``granularity``: the pipeline's
-    :func:`~.granularity.pixel_granularity`); ``Failure`` (2) when the default request itself is invalid."""
-    limits = RequestLimits(granularity=granularity, max_pixels=plan.max_pixels, max_steps=plan.max_steps, max_n=plan.max_n)
+    :func:`~.granularity.pixel_granularity`; ``batching_off``: why nothing is batched, ``None`` where ``--max-batch``
+    batches, which caps ``n`` at it); ``Failure`` (2) when the default request itself is invalid."""
+    asked = plan.requests
+    max_n = asked.max_n if batching_off is not None else min(asked.max_n, plan.batching.rows)
+    limits = RequestLimits(granularity=granularity, max_pixels=asked.max_pixels, max_steps=asked.max_steps,
+                           max_n=max_n)
     size = model_size(plan)
-    default_size = plan.default_size
+    default_size = asked.default_size
     if default_size is None:
         default_size = ((spec.size(size).width, spec.size(size).height) if spec is not None
                         else CHECKPOINT_DEFAULT_SIZE)
-    planner = RequestPlanner(pipe, spec, size, limits,
+    planner = RequestPlanner(pipe, spec, size, limits, plan.catalog,
                              default_width=default_size[0], default_height=default_size[1],
-                             default_steps=default_steps(pipe, spec, plan.steps),
-                             resolution_binning=plan.resolution_binning, model_id=plan.base_model)
+                             default_steps=default_steps(pipe, spec, asked.steps),
+                             resolution_binning=asked.resolution_binning)
     try:
         planner.default_job(*default_size)
     except RequestError as exc:
@@ -226,30 +233,36 @@ def print_built(seconds: float, pipe, planner: RequestPlanner, notes: list[str])
               "(--no-resolution-binning turns that off)", flush=True)
 
 
-def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan) -> BatchShapes | None:
-    """The batch shapes of ``--max-batch`` > 1 (``None`` for 1), with the lines that say, per warmed size (or the
-    default size), whether its calls are batched; ``n`` is capped at ``--max-batch`` (a request must fit a batch)."""
-    rows = plan.max_batch
-    if rows <= 1:
-        return None
+def batching_off(pipe, plan: ServerPlan) -> str | None:
+    """Why this server batches nothing (``--max-batch 1``: ``""``; a step cache; a pipeline that makes one image per
+    call), ``None`` where ``--max-batch`` batches."""
+    if plan.batching.rows <= 1:
+        return ""
     if plan.stack.cache is not None:
-        print(f"  batching: off: {CACHED_UNBATCHED}", flush=True)
+        return CACHED_UNBATCHED
+    if not any(k in pipelines.call_parameters(pipe) for k in BATCH_KWARGS):
+        return f"{type(pipe).__name__} makes one image per call (no images-per-prompt argument)"
+    return None
+
+
+def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan, off: str | None) -> BatchShapes | None:
+    """The batch shapes of ``--max-batch`` > 1 (``None`` when ``off`` says why not), with the lines that say, per
+    warmed size (or the default size), whether its calls are batched."""
+    batching, rows = plan.batching, plan.batching.rows
+    if off is not None:
+        if off:
+            print(f"  batching: off: {off}", flush=True)
         return None
-    if not planner.takes_batch:
-        print(f"  batching: off: {type(pipe).__name__} makes one image per call (no images-per-prompt argument)",
-              flush=True)
-        return None
-    shapes = BatchShapes(pipe, BatchPolicy(rows, plan.batch_window_ms / 1000.0, plan.batch_work_limit),
+    shapes = BatchShapes(pipe, BatchPolicy(rows, batching.window_ms / 1000.0, batching.work_limit),
                          planner.limits.granularity)
-    if planner.limits.max_n > rows:
-        print(f"  batching: n is capped at --max-batch {rows} (was --max-n {planner.limits.max_n})", flush=True)
-        planner.limits = dataclasses.replace(planner.limits, max_n=rows)
-    if plan.step is not None:
-        print(f"  batching: step level, a running batch of {rows} slots per size (policy {plan.step.policy}); "
+    if plan.requests.max_n > rows:
+        print(f"  batching: n is capped at --max-batch {rows} (was --max-n {plan.requests.max_n})", flush=True)
+    if batching.step is not None:
+        print(f"  batching: step level, a running batch of {rows} slots per size (policy {batching.step.policy}); "
               f"requests join at every step, every step runs {rows} rows (a lone request pays for a full batch)",
               flush=True)
     else:
-        print(f"  batching: up to {rows} images per call, window {plan.batch_window_ms:g} ms; every batched "
+        print(f"  batching: up to {rows} images per call, window {batching.window_ms:g} ms; every batched "
               f"call runs {rows} rows (a lone request pays for a full batch)", flush=True)
     for width, height in plan.warmup or [(planner.default_width, planner.default_height)]:
         print(f"    {shapes.describe(width, height, planner.default_job(width, height).call)}", flush=True)
@@ -268,8 +281,29 @@ def warmup_plan(plan: ServerPlan, planner: RequestPlanner) -> WarmupPlan:
 
 def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, warming: WarmupPlan,
             shapes: BatchShapes | None = None, batcher=None) -> dict[str, Any]:
-    """Run the warm-up on the worker thread (with step batching, the step-batched sizes through the step
-    scheduler); print its report; its summary for ``/stats``."""
+    """Run the warm-up on the worker thread: the base model's, then, with adapters, the same once more with the
+    first adapter in the slot (both graph keys of every warmed size captured); then the adapters count from zero.
+    Its summary for ``/stats`` (the base model's pass)."""
+    summary = warm_pass(worker, generator, planner, warming, shapes, batcher)
+    bank = generator.adapters
+    if bank is None:
+        return summary
+    if bank.names:
+        worker.submit(lambda: bank.select(bank.names[0])).result()
+        try:
+            warm_pass(worker, generator, planner, warming, shapes, batcher, adapter=bank.names[0])
+        finally:
+            worker.submit(lambda: bank.select(None)).result()
+    generator.refresh_stats()
+    bank.mark_ready(generator.bcg_stats)
+    generator.refresh_stats()
+    return summary
+
+
+def warm_pass(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, warming: WarmupPlan,
+              shapes: BatchShapes | None, batcher, adapter: str | None = None) -> dict[str, Any]:
+    """One warm-up of every size (with step batching, the step-batched sizes through the step scheduler) for
+    ``adapter`` (``None``: the base model); print its report; its summary."""
     sizes = list(warming.sizes)
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None, "steps": None}
@@ -280,7 +314,7 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
     print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}, {warming.steps} steps) ...",
           flush=True)
     try:
-        reports = warm_reports(worker, generator, planner, sizes, stepped, shapes, batcher, warming.steps)
+        reports = warm_reports(worker, generator, planner, sizes, stepped, shapes, batcher, warming.steps, adapter)
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
@@ -293,22 +327,15 @@ def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestP
 
 
 def warm_reports(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, sizes: list,
-                 stepped: list, shapes: BatchShapes | None, batcher, steps: int) -> list:
+                 stepped: list, shapes: BatchShapes | None, batcher, steps: int, adapter: str | None) -> list:
     """The warm-up reports: the sizes the step scheduler batches warmed through it, the rest by warm-up calls."""
     reports = []
     rest = [size for size in sizes if size not in stepped]
     if rest:
         reports.append(worker.submit(lambda: run_warmup(generator, planner, rest, shapes, steps)).result())
     if stepped:
-        reports.append(batcher.warm(planner, stepped))
+        reports.append(batcher.warm(planner, stepped, adapter))
     return reports
-
-
-def batching_off(plan: ServerPlan) -> str | None:
-    """Why ``--max-batch`` > 1 batches nothing on this server (``None`` where it may batch, or was not asked to)."""
-    if plan.max_batch > 1 and plan.stack.cache is not None:
-        return CACHED_UNBATCHED
-    return None
 
 
 def step_sizes(planner: RequestPlanner, sizes: list[tuple[int, int]], batcher) -> list[tuple[int, int]]:
@@ -322,21 +349,25 @@ def step_sizes(planner: RequestPlanner, sizes: list[tuple[int, int]], batcher) -
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
 
 
-def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: dict) -> dict[str, Any]:
-    """The server's description in ``/stats``: model, options, limits, warm-up, versions."""
-    device = plan.device
-    return {
-        "model": plan.model, "model_ids": planner.model_ids(), "family": spec.name if spec is not None else None,
-        "size": plan.size if plan.random_weights else "checkpoint",
-        "pipeline": type(pipe).__name__, "device": str(device), "dtype": pipelines.dtype_name(plan.dtype),
-        "bcg": plan.bcg and device.type == "cuda", "bcg_requested": plan.bcg, "compile": plan.compile,
-        "stack": {**plan.stack.as_dict(), "bcg": plan.bcg}, "batching_off": batching_off(plan),
+def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: dict,
+                replica: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The server's description in ``/stats``: model, options, limits, warm-up, versions (and ``replica`` for a Ray
+    Serve replica)."""
+    device, batching = plan.model.device, plan.batching
+    info = {
+        "model": plan.model.name, "model_ids": plan.catalog.ids(), "family": spec.name if spec is not None else None,
+        "size": plan.model.model_size if plan.model.random_weights else "checkpoint",
+        "pipeline": type(pipe).__name__, "device": str(device), "dtype": pipelines.dtype_name(plan.model.dtype),
+        "bcg": plan.bcg and device.type == "cuda", "bcg_requested": plan.bcg, "compile": plan.stack.compile,
+        "stack": {**plan.stack.as_dict(), "bcg": plan.bcg},
+        "batching_off": CACHED_UNBATCHED if batching.rows > 1 and plan.stack.cache is not None else None,
         "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
-        "max_queue": plan.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
-        "default_steps": planner.default_steps, "max_batch": plan.max_batch,
-        "batching": "off" if plan.max_batch <= 1 else ("step" if plan.step is not None else "request"),
-        "resolution_binning": plan.resolution_binning if planner.takes_binning else None,
+        "max_queue": plan.requests.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
+        "default_steps": planner.default_steps, "max_batch": batching.rows,
+        "batching": "off" if batching.rows <= 1 else ("step" if batching.step is not None else "request"),
+        "resolution_binning": plan.requests.resolution_binning if planner.takes_binning else None,
         "warmup": warmup, "api_key_required": plan.api_key is not None, "torch": torch.__version__,
         "bcg_diffusion": bcg_diffusion.__version__,
     }
+    return info if replica is None else {**info, "replica": replica}

@@ -24,10 +24,12 @@ from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
 from .adapter_options import lora_specs
 from .adapters import AdapterSpec
+from .catalog import ModelCatalog
 from .listen import API_KEY_VARIABLE, warn_if_open
 from .stepping.config import STEP_PIPELINES, StepConfig
 
-__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "prog", "read_plan"]
+__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "AdapterPlan", "BatchingPlan", "ModelPlan", "RequestPlan",
+           "ServerPlan", "prog", "read_plan"]
 
 #: An API key: visible ASCII, no spaces (it travels as ``Authorization: Bearer <key>``).
 API_KEY_PATTERN = re.compile(r"[!-~]+")
@@ -43,66 +45,82 @@ def prog() -> str:
 
 
 @dataclass(frozen=True)
-class ServerPlan:
-    """What the server's start-up needs, checked (the options of ``bcg-serve``, see its ``--help``).
+class ModelPlan:
+    """What to build: ``name`` (``--model`` as given), ``spec`` its family (``None`` for a checkpoint, known once
+    loaded), ``model_size`` (``--size``, random weights), ``yes`` (build ``--size full`` without CUDA), ``device``
+    and ``dtype`` (``None`` when the plan was read without choosing a device: the replicas' head, whose machine may
+    not be the replicas'), ``offload`` (``--offload K``: the transformer streams its blocks through K slots)."""
 
-    - ``model``: ``--model`` as given; ``spec``: its family (``None`` for a checkpoint, known once loaded);
-      ``size``: ``--size`` (random weights); ``yes``: build ``--size full`` without CUDA;
-    - ``device``, ``dtype``: where and how to build (``None`` when the plan was read without choosing a device:
-      the replicas' head, whose machine may not be the replicas');
-    - ``base_model``: the base model's id (``--served-model-name``, else ``model``);
-    - ``steps``: a request's default ``num_inference_steps`` (``None``: the model's); ``default_size``: a request's
-      default ``(width, height)`` (``None``: the model's); ``warmup``: the sizes warmed before listening;
-    - ``max_pixels``, ``max_steps``, ``max_n``, ``max_queue``: the request limits; ``resolution_binning``: not
-      ``--no-resolution-binning``;
-    - ``max_batch``, ``batch_window_ms``, ``batch_work_limit``: batching (``max_batch`` 1: off); ``step``: the
-      step scheduler's settings with ``--batching step`` (``None``: request batching, or none);
-    - ``adapters``, ``lora_rank``, ``lora_gpu_slots``: the LoRA adapters served and their slots;
-    - ``stack``: the speed stack (``--quant``, ``--cache``, ``--compile``, ``--compile-cache``,
-      ``--attention-backend``, read by the parser ``bcg-generate`` shares), ``bcg``: BCG on top of it;
-      ``injections``: prompt -> failure kind (testing only);
-    - ``api_key``: the key every route but ``/health`` needs (``None``: none); ``host``, ``port``: the address.
-    """
-
-    model: str
+    name: str
     spec: Any
-    size: str
+    model_size: str
     yes: bool
     device: torch.device | None
     dtype: torch.dtype | None
-    base_model: str
+    offload: int | None = None
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether ``name`` names a family (built with random weights at ``model_size``), not a checkpoint."""
+        return self.name in pipelines.list_families()
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """A request's defaults and limits: ``steps`` (``None``: the model's), ``default_size`` (``(width, height)``;
+    ``None``: the model's), ``max_pixels``, ``max_steps``, ``max_n``, ``max_queue`` (requests waiting or running),
+    ``resolution_binning`` (not ``--no-resolution-binning``)."""
+
     steps: int | None
     default_size: Size | None
-    warmup: tuple[Size, ...]
     max_pixels: int
     max_steps: int
     max_n: int
     max_queue: int
-    resolution_binning: bool
-    max_batch: int
-    batch_window_ms: float
-    batch_work_limit: int
-    adapters: tuple[AdapterSpec, ...]
-    lora_rank: int | None
-    lora_gpu_slots: int | None
+    resolution_binning: bool = True
+
+
+@dataclass(frozen=True)
+class BatchingPlan:
+    """``rows`` (``--max-batch``; 1: off), ``window_ms``, ``work_limit``, and ``step``: the step scheduler's
+    settings with ``--batching step`` (``None``: request batching, or none)."""
+
+    rows: int = 1
+    window_ms: float = 500.0
+    work_limit: int = 1 << 21
+    step: StepConfig | None = None
+
+
+@dataclass(frozen=True)
+class AdapterPlan:
+    """The LoRA adapters served (``--lora``), their hot-swap rank and device slots (``None``: the defaults)."""
+
+    specs: tuple[AdapterSpec, ...] = ()
+    rank: int | None = None
+    gpu_slots: int | None = None
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """What the server's start-up needs, checked (the options of ``bcg-serve``, see its ``--help``): the ``model``
+    to build, its speed ``stack`` (``--quant``, ``--cache``, ``--compile``, ``--compile-cache``,
+    ``--attention-backend``, read by the parser ``bcg-generate`` shares) and ``bcg`` on top of it, the ``requests``'
+    defaults and limits, ``batching``, the ``adapters``, the ``catalog`` of served model ids, the ``warmup`` sizes,
+    ``injections`` (prompt -> failure kind, testing only), the ``api_key`` every route but ``/health`` needs
+    (``None``: none), and the address (``host``, ``port``)."""
+
+    model: ModelPlan
     stack: StackOptions
     bcg: bool
+    requests: RequestPlan
+    batching: BatchingPlan
+    adapters: AdapterPlan
+    catalog: ModelCatalog
+    warmup: tuple[Size, ...] = ()
     injections: Mapping[str, str] = field(default_factory=dict)
     api_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
-    step: StepConfig | None = None
-    offload: int | None = None  # --offload K: the transformer streams its blocks through K slots
-
-    @property
-    def compile(self) -> bool:
-        """Whether the stack compiles (``--compile``)."""
-        return self.stack.compile
-
-    @property
-    def random_weights(self) -> bool:
-        """Whether ``model`` names a family (built with random weights at ``size``), not a checkpoint."""
-        return self.model in pipelines.list_families()
 
 
 def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, device: bool = True,
@@ -112,34 +130,46 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     ``warn_open_host``, a ``--host`` reachable from other machines without an API key is warned about once the
     options are read, before the device and the model are checked."""
     check_numbers(args, parser)
-    if problem := (offload_problem(getattr(args, "offload", None))
-                   or offload_with_quant_problem(getattr(args, "offload", None), getattr(args, "quant", None))):
-        parser.error(problem)
     key = api_key(args, parser)
     warmup, default_size, injections = parse_values(args, parser)
-    adapters = lora_specs(args, parser)
+    adapters = AdapterPlan(tuple(lora_specs(args, parser)), args.lora_rank, args.lora_gpu_slots)
+    catalog = model_catalog(args, adapters, parser)
     if warn_open_host:
         warn_if_open(args.host, key)
+    model = model_plan(args, parser, device)
+    check_model(model.spec, args, warmup + ([default_size] if default_size else []), model.device, parser)
+    stack = read_stack(args, parser, family=model.spec.name if model.spec is not None else None, device=model.device)
+    requests = RequestPlan(args.steps, default_size, args.max_pixels, args.max_steps, args.max_n, args.max_queue,
+                           resolution_binning=not args.no_resolution_binning)
+    batching = BatchingPlan(args.max_batch, args.batch_window_ms, args.batch_work_limit,
+                            step_config(args, model.spec, parser))
+    return ServerPlan(model, stack, bool(args.bcg), requests, batching, adapters, catalog, tuple(warmup), injections,
+                      api_key=key, host=args.host, port=args.port)
+
+
+def model_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, device: bool) -> ModelPlan:
+    """``--model``, ``--size``, ``--device`` and ``--dtype`` checked (the device chosen only with ``device``);
+    ``parser.error`` for a bad one."""
     chosen = choose_device(args, parser) if device else None
     spec = family_or_checkpoint(args.model, parser)
     if spec is not None and args.no_resolution_binning:
         check_binning_flag(spec, parser)
-    check_model(spec, args, warmup + ([default_size] if default_size else []), chosen, parser)
-    stack = read_stack(args, parser, family=spec.name if spec is not None else None, device=chosen)
-    return ServerPlan(
-        model=args.model, spec=spec, size=args.size, yes=args.yes, device=chosen,
-        dtype=pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None,
-        base_model=args.served_model_name or args.model, steps=args.steps, default_size=default_size,
-        warmup=tuple(warmup), max_pixels=args.max_pixels, max_steps=args.max_steps, max_n=args.max_n,
-        max_queue=args.max_queue, resolution_binning=not args.no_resolution_binning, max_batch=args.max_batch,
-        batch_window_ms=args.batch_window_ms, batch_work_limit=args.batch_work_limit, adapters=tuple(adapters),
-        lora_rank=args.lora_rank, lora_gpu_slots=args.lora_gpu_slots, stack=stack, bcg=bool(args.bcg),
-        injections=injections, api_key=key, host=args.host, port=args.port, step=step_config(args, spec, parser),
-        offload=getattr(args, "offload", None))
+    dtype = pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None
+    return ModelPlan(args.model, spec, args.size, args.yes, chosen, dtype, getattr(args, "offload", None))
+
+
+def model_catalog(args: argparse.Namespace, adapters: AdapterPlan, parser: argparse.ArgumentParser) -> ModelCatalog:
+    """The served model ids: ``--served-model-name`` (else ``--model``) and the adapters' names; ``parser.error``
+    for an adapter name given twice or equal to the base model's."""
+    try:
+        return ModelCatalog(args.served_model_name or args.model, tuple(spec.name for spec in adapters.specs))
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """``parser.error`` for a count, limit, window or port out of range."""
+    """``parser.error`` for a count, limit, window or port out of range, and for ``--offload`` (too few slots, or
+    with ``--quant``)."""
     for name in POSITIVE_OPTIONS:
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -153,6 +183,9 @@ def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("--served-model-name must have 1 .. 256 characters")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0 .. 65535 (got {args.port})")
+    offload = getattr(args, "offload", None)
+    if problem := offload_problem(offload) or offload_with_quant_problem(offload, getattr(args, "quant", None)):
+        parser.error(problem)
 
 
 def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser) -> StepConfig | None:
@@ -174,7 +207,8 @@ def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser)
 def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """``--warmup`` (a list of sizes), ``--default-size`` (a size or ``None``) and ``--inject`` (prompt -> kind);
     ``parser.error`` for a malformed one."""
-    from .requests import RequestError, parse_size
+    from .errors import RequestError
+    from .requests import parse_size
     from .worker import parse_injection
 
     sizes = {"--warmup": [s.strip() for s in args.warmup.split(",")] if args.warmup else [],

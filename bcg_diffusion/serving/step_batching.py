@@ -113,16 +113,19 @@ class StepBatcher:
             logger.warning("step batching: the worker did not come back within %.0f s", timeout)
         self.scheduler.close("the server is stopping")
 
-    def warm(self, planner: RequestPlanner, sizes: list[tuple[int, int]]) -> StepWarmupReport:
-        """Run one ``WARMUP_STEPS``-step request per size through the scheduler (all at once, as they would run)
-        and wait for them; sizes that are not step-batched are the caller's."""
+    def warm(self, planner: RequestPlanner, sizes: list[tuple[int, int]], adapter: str | None = None
+             ) -> StepWarmupReport:
+        """Run one ``WARMUP_STEPS``-step request per size (for ``adapter``; ``None``: the base model) through the
+        scheduler (all at once, as they would run) and wait for them; sizes that are not step-batched are the
+        caller's."""
         self.generator.refresh_stats()
         before = self._captures()
         started = time.perf_counter()
         futures = []
         for width, height in sizes:
             job = planner.default_job(width, height)
-            job = dataclasses.replace(job, steps=WARMUP_STEPS, call={**job.call, "num_inference_steps": WARMUP_STEPS})
+            job = dataclasses.replace(job, steps=WARMUP_STEPS, call={**job.call, "num_inference_steps": WARMUP_STEPS},
+                                      adapter=adapter, adapter_scale=None if adapter is None else 1.0)
             futures.append(self.submit(job, counted=False))
         for future in futures:
             future.result()

@@ -173,24 +173,26 @@ class ImageGenerator:
 
     Each call gets its own ``torch.Generator(device).manual_seed(job.seed)``, so an image depends only on
     its request (with a step cache, ``before_call`` resets its state first: a call that failed half-way leaves
-    it). After a failure the pipeline is left as it is (every diffusers call resets its scheduler and per-call
+    it; with ``adapters``, an :class:`~.adapters.AdapterBank`, the call's adapter is selected first). After a failure the pipeline is left as it is (every diffusers call resets its scheduler and per-call
     state); after an out-of-memory error the CUDA cache is emptied as well. The BCG stats are
     snapshotted after every call (``bcg_stats``), so the event loop never reads them while a call changes them.
     """
 
     def __init__(self, pipe, device: torch.device, counters: ServerCounters,
-                 injections: dict[str, str] | None = None):
+                 injections: dict[str, str] | None = None, *, adapters=None,
+                 before_call: Callable[[], None] | None = None):
         self.pipe = pipe
         self.device = device
         self.generator_device = "cuda" if device.type == "cuda" else "cpu"
         self.counters = counters
         self.injections = dict(injections or {})
         self._params = pipelines.call_parameters(pipe)
-        self.adapters = None  # an adapters.AdapterBank when the server serves LoRA adapters (attach_adapters)
-        self.bcg_stats: dict[str, Any] | None = stats_dict(pipe)
+        self.adapters = adapters  # an adapters.AdapterBank when the server serves LoRA adapters
+        self.before_call = before_call  # run before every pipeline call (a step cache's reset)
+        self.bcg_stats: dict[str, Any] | None = None
         self.adapter_stats: dict[str, Any] | None = None
-        self.compiled_graphs = compiled_graphs()  # torch.compile's graphs in this process, as of the last call
-        self.before_call: Callable[[], None] | None = None  # run before every pipeline call (a step cache's reset)
+        self.compiled_graphs = 0  # torch.compile's graphs in this process, as of the last call
+        self.refresh_stats()
 
     def refresh_stats(self) -> None:
         self.bcg_stats = stats_dict(self.pipe)

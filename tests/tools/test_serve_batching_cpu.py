@@ -28,6 +28,7 @@ from bcg_diffusion.serving.batching import (
     row_seeds,
 )
 from bcg_diffusion.serving.png import encode_png_b64, pixel_hash
+from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import GenerationJob, ImageRequest, RequestLimits, RequestPlanner
 from bcg_diffusion.serving.spawn import spawned_servers
 
@@ -52,7 +53,7 @@ def planners():
         pipe = pipelines.build_pipeline(family, size="tiny", device="cpu")
         pipe.set_progress_bar_config(disable=True)
         limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=ROWS)
-        out[family] = RequestPlanner(pipe, spec, "tiny", limits, 64, 64, 2, resolution_binning=False)
+        out[family] = RequestPlanner(pipe, spec, "tiny", limits, ModelCatalog(spec.name), 64, 64, 2, resolution_binning=False)
     return out
 
 

@@ -33,6 +33,7 @@ import bcg_pipelines as pipelines  # noqa: E402
 
 from bcg_diffusion.serving.granularity import derive_granularity  # noqa: E402
 from bcg_diffusion.serving.png import PNG_MAGIC  # noqa: E402
+from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import RequestLimits, RequestPlanner  # noqa: E402
 from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
 from bcg_diffusion.serving.startup_warmup import ServerWarmupReport, run_warmup  # noqa: E402
@@ -330,7 +331,7 @@ def tiny_pipes():
 def _planner(pipes, family: str, binning: bool = True) -> RequestPlanner:
     spec = pipelines.get_family(family)
     limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=4)
-    return RequestPlanner(pipes[family], spec, "tiny", limits, 64, 64, 2, resolution_binning=binning)
+    return RequestPlanner(pipes[family], spec, "tiny", limits, ModelCatalog(spec.name), 64, 64, 2, resolution_binning=binning)
 
 
 def test_no_resolution_binning_reaches_the_pixart_call(tiny_pipes):

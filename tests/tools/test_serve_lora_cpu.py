@@ -26,14 +26,14 @@ from fastapi.testclient import TestClient  # noqa: E402
 import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.integration.fingerprint import WeightsFingerprint  # noqa: E402
 from bcg_diffusion.serving import serve_command, server  # noqa: E402
-from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters  # noqa: E402
 from bcg_diffusion.serving.adapters import AdapterBank, AdapterSpec  # noqa: E402
-from bcg_diffusion.serving.app import ServerState, create_app  # noqa: E402
+from bcg_diffusion.serving.app import create_app  # noqa: E402
+from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.png import encode_png_b64  # noqa: E402
 from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
-from bcg_diffusion.serving.server_build import make_planner  # noqa: E402
+from bcg_diffusion.serving.server_build import build_server, make_planner  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
-from bcg_diffusion.serving.worker import ImageGenerator, PipelineWorker, ServerCounters  # noqa: E402
+from bcg_diffusion.serving.worker import ImageGenerator, ServerCounters  # noqa: E402
 
 from _loras import ADAPTERS, unknown_module, write_adapters, wrong_shapes  # noqa: E402
 
@@ -52,32 +52,29 @@ def _pipe():
     return pipelines.build_pipeline("flux", "tiny", device="cpu", dtype=torch.float32, seed=0)
 
 
-def _plan() -> ServerPlan:
+def _plan(*extra: str) -> ServerPlan:
     parser = server.build_parser()
     argv = ["--model", BASE, "--device", "cpu", "--steps", "2", "--max-pixels", str(128 * 128), "--max-steps", "8",
-            "--max-n", "2"]
+            "--max-n", "2", *extra]
     return read_plan(parser.parse_args(argv), parser)
+
+
+def _lora_options(loras: dict[str, Path] | None, slots: int | None = None, rank: int | None = None) -> list[str]:
+    words = [w for n, p in (loras or {}).items() for w in ("--lora", f"{n}={p}")]
+    words += ["--lora-gpu-slots", str(slots)] if slots is not None else []
+    return words + (["--lora-rank", str(rank)] if rank is not None else [])
 
 
 @contextlib.contextmanager
 def serving(loras: dict[str, Path] | None, slots: int | None = None, rank: int | None = None):
-    """A test client of the application as ``bcg-serve`` builds it (no warm-up: the CPU runs eagerly), and its
-    generator."""
-    pipe = _pipe()
-    specs = [AdapterSpec(n, str(p)) for n, p in (loras or {}).items()]
-    bank = attach_adapters(pipe, specs, BASE, "bcg-serve", rank=rank, gpu_slots=slots)
-    planner = make_planner(pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(pipe, 16))
-    if bank is not None:
-        planner.adapter_ids = tuple(bank.names)
-    worker = PipelineWorker()
-    generator = ImageGenerator(pipe, torch.device("cpu"), ServerCounters())
-    warm_adapters(bank, worker, generator, lambda: None)
-    state = ServerState(planner, worker, generator, ServerCounters(), {"model": BASE}, max_queue=16)
+    """A test client of the application as ``bcg-serve`` builds it (nothing to warm: the CPU runs eagerly, no
+    --warmup; the adapters' pass still selects the first adapter), and the server's state."""
+    state = build_server(_plan(*_lora_options(loras, slots, rank)))
     try:
         with TestClient(create_app(state)) as client:
-            yield client, generator
+            yield client, state
     finally:
-        worker.stop()
+        state.stop()
 
 
 def image(client, **fields) -> str:
@@ -124,15 +121,16 @@ def _twin_image(path: Path, name: str, scale: float | None, planner) -> str:
 
 @pytest.mark.parametrize("name, scale", [("anime", None), ("sketch", None), ("noir", None), ("sketch", 0.5)])
 def test_an_adapter_equals_a_twin_with_diffusers_load_lora_weights(loras, adapted, name, scale):
-    client, generator = adapted
-    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(generator.pipe, 16))
+    client, state = adapted
+    planner = make_planner(state.generator.pipe, pipelines.get_family("flux"), _plan(),
+                           pixel_granularity(state.generator.pipe, 16))
     served = image(client, model=name, **({} if scale is None else {"lora_scale": scale}))
     assert served == _twin_image(loras[name], name, scale, planner)
 
 
 def test_unknown_model_is_a_404_and_lora_scale_needs_an_adapter(adapted):
-    client, generator = adapted
-    calls = generator.counters.pipeline_calls
+    client, state = adapted
+    calls = state.generator.counters.pipeline_calls
     response = client.post(PATH, json={**BODY, "model": "no-such-lora"})
     assert response.status_code == 404, response.text
     error = response.json()["error"]
@@ -142,7 +140,7 @@ def test_unknown_model_is_a_404_and_lora_scale_needs_an_adapter(adapted):
                            ({"model": "anime", "lora_scale": "1"}, "lora_scale")):
         response = client.post(PATH, json={**BODY, **fields})
         assert response.status_code == 400 and needle in response.json()["error"]["message"], response.text
-    assert generator.counters.pipeline_calls == calls  # none reached the pipeline
+    assert state.generator.counters.pipeline_calls == calls  # none reached the pipeline
 
 
 def test_models_lists_the_base_model_and_every_adapter(adapted):
@@ -155,7 +153,7 @@ def test_one_device_slot_gives_the_images_of_three_and_counts_swaps(loras):
     order = ["anime", "sketch", "noir", "anime", None, "sketch", "sketch"]
     runs = {}
     for slots in (1, 3):
-        with serving(loras, slots=slots) as (client, generator):
+        with serving(loras, slots=slots) as (client, _):
             runs[slots] = [image(client, **({} if n is None else {"model": n})) for n in order]
             stats = client.get("/stats").json()["adapters"]
         assert stats["gpu_slots"] == slots and stats["base_requests"] == 1
@@ -173,7 +171,8 @@ def test_switching_adapters_keeps_the_weight_fingerprint(loras):
     """BCG keys graphs on this fingerprint: equal fingerprints mean a replay, so a switch captures nothing. The
     base model (adapters disabled) is a key of its own, captured at warm-up as well."""
     pipe = _pipe()
-    bank = AdapterBank(pipe, [AdapterSpec(n, str(p)) for n, p in loras.items()], base_model=BASE, gpu_slots=1)
+    bank = AdapterBank(pipe, [AdapterSpec(n, str(p)) for n, p in loras.items()], ModelCatalog(BASE, tuple(loras)),
+                       gpu_slots=1)
     bank.load()
     fingerprint = WeightsFingerprint(pipe.transformer)
     base = fingerprint.compute()
@@ -270,9 +269,8 @@ def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys)
 
 
 def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
-    client, generator = adapted
-    planner = make_planner(generator.pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(generator.pipe, 16))
-    planner.adapter_ids = tuple(NAMES)
+    _, state = adapted
+    planner, generator = state.planner, state.generator
 
     def job(**fields):
         return planner.parse(json.dumps({**BODY, **fields}).encode())
@@ -294,7 +292,7 @@ def test_a_replica_state_serves_the_adapters_too(loras):
                              f"--lora noir={loras['noir']} --lora-gpu-slots 1")
     state = build_server_state(args)
     try:
-        assert state.planner.model_ids() == [BASE, "anime", "noir"]
+        assert state.model_ids() == [BASE, "anime", "noir"]
         assert state.generator.adapters is not None and state.generator.adapter_stats["gpu_slots"] == 1
     finally:
         stop_server_state(state)

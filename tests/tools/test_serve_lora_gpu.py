@@ -1,6 +1,6 @@
 """GPU test of LoRA adapters per request (issue 35): tiny Flux in bf16 with BCG, the base model and four adapters
 (ranks 4, 8, 16, 16; two device slots, so adapters are also copied in from the CPU) mixed request by request,
-through the server's own generator and warm-up.
+built, warmed and run by the server's own start-up (its plan, build and warm-up) and call path.
 
 Every image is bitwise equal to an eager twin (the same build, the same adapters through the same bank, no BCG);
 base images also equal a pipeline with no adapters at all; after the warm-up (every size, the base model and an
@@ -23,13 +23,8 @@ pytest.importorskip("fastapi")
 import bcg_diffusion  # noqa: E402
 import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.serving import server  # noqa: E402
-from bcg_diffusion.serving.adapter_options import attach_adapters, warm_adapters  # noqa: E402
-from bcg_diffusion.serving.adapters import AdapterSpec  # noqa: E402
-from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
-from bcg_diffusion.serving.server_build import make_planner  # noqa: E402
+from bcg_diffusion.serving.server_build import build_server  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
-from bcg_diffusion.serving.startup_warmup import run_warmup  # noqa: E402
-from bcg_diffusion.serving.worker import ImageGenerator, PipelineWorker, ServerCounters  # noqa: E402
 from bcg_pipelines.lora_files import write_family_lora  # noqa: E402
 
 from _replay import assert_replayed, counters  # noqa: E402
@@ -43,42 +38,30 @@ MIX = [(None, None, "64x64", 0), ("lora1", None, "64x64", 0), ("lora2", None, "8
        ("flux", None, "64x64", 2), ("lora4", 2.0, "80x64", 0), ("lora2", None, "64x64", 4)]
 
 
-def _plan() -> ServerPlan:
+def _plan(loras, accelerate: bool, adapters: bool) -> ServerPlan:
     parser = server.build_parser()
-    argv = ["--model", "flux", "--device", "cuda", "--steps", str(STEPS), "--max-pixels", str(128 * 128),
-            "--max-steps", "8", "--max-n", "2"]
-    return read_plan(parser.parse_args(argv), parser)
+    argv = ["--model", "flux", "--device", "cuda", "--dtype", "bf16", "--steps", str(STEPS), "--max-pixels",
+            str(128 * 128), "--max-steps", "8", "--max-n", "2", "--warmup", ",".join(f"{w}x{h}" for w, h in SIZES)]
+    if adapters:
+        argv += [w for n, p in loras.items() for w in ("--lora", f"{n}={p}")] + ["--lora-gpu-slots", "2"]
+    return read_plan(parser.parse_args(argv + (["--bcg"] if accelerate else [])), parser)
 
 
 def _served(loras, accelerate: bool, adapters: bool = True):
-    """(planner, generator, worker) of a server on the GPU: tiny Flux bf16, the adapters, BCG, warmed."""
-    pipe = pipelines.build_pipeline("flux", "tiny", device="cuda", dtype=torch.bfloat16, seed=0)
-    specs = [AdapterSpec(n, str(p)) for n, p in loras.items()] if adapters else []
-    bank = attach_adapters(pipe, specs, "flux", "bcg-serve", gpu_slots=2)
-    if accelerate:
-        bcg_diffusion.accelerate_pipeline(pipe)
-    planner = make_planner(pipe, pipelines.get_family("flux"), _plan(), pixel_granularity(pipe, 16))
-    if bank is not None:
-        planner.adapter_ids = tuple(bank.names)
-    worker = PipelineWorker()
-    generator = ImageGenerator(pipe, torch.device("cuda"), ServerCounters())
-
-    def warm():
-        worker.submit(lambda: run_warmup(generator, planner, SIZES)).result()
-
-    warm()
-    warm_adapters(bank, worker, generator, warm)
-    return planner, generator, worker
+    """The state of a server on the GPU, as bcg-serve builds it: tiny Flux bf16, the adapters (two device slots),
+    BCG, warmed at SIZES for the base model and an adapter."""
+    return build_server(_plan(loras, accelerate, adapters))
 
 
-def _images(planner, generator, worker, mix) -> list[str]:
+def _images(state, mix) -> list[str]:
     hashes = []
     for model, scale, size, seed in mix:
         body = {"prompt": "a red fox in the snow", "size": size, "seed": seed}
         body.update({} if model is None else {"model": model}, **({} if scale is None else {"lora_scale": scale}))
-        job = planner.parse(json.dumps(body).encode())
-        (picture,) = worker.submit(lambda job=job: generator.generate(job)).result().images
+        job = state.planner.parse(json.dumps(body).encode())
+        (picture,) = state.worker.submit(lambda job=job: state.generator.generate(job)).result().images
         hashes.append(hashlib.sha256(picture.tobytes()).hexdigest())
+    state.stop()
     return hashes
 
 
@@ -92,21 +75,20 @@ def loras(tmp_path_factory):
 def test_base_and_four_adapters_mixed_replay_without_capture_and_equal_eager(loras):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    planner, generator, worker = _served(loras, accelerate=True)
-    pipe = generator.pipe
+    state = _served(loras, accelerate=True)
+    pipe = state.generator.pipe
     before = counters(pipe)
     captures_warm = bcg_diffusion.get_stats(pipe).captures
     assert captures_warm >= 2 * len(SIZES), bcg_diffusion.get_stats(pipe)  # base and adapter keys, every size
-    served = _images(planner, generator, worker, MIX)
-    worker.stop()
+    served = _images(state, MIX)
     assert_replayed(pipe, calls=STEPS * len(MIX), before=before)  # no capture, every call a replay
-    stats = generator.adapter_stats
+    stats = state.generator.adapter_stats
     assert stats["captures_after_warmup"] == 0 and stats["swaps"] > 0, stats
     assert stats["base_requests"] == 3 and stats["adapters"]["lora1"]["requests"] == 2, stats
 
-    eager = _images(*_served(loras, accelerate=False), MIX)
+    eager = _images(_served(loras, accelerate=False), MIX)
     assert served == eager, [i for i, (a, b) in enumerate(zip(served, eager)) if a != b]
-    bare = _images(*_served(loras, accelerate=False, adapters=False), [m for m in MIX if m[0] in (None, "flux")])
+    bare = _images(_served(loras, accelerate=False, adapters=False), [m for m in MIX if m[0] in (None, "flux")])
     assert [h for h, m in zip(served, MIX) if m[0] in (None, "flux")] == bare
     adapted = [h for h, m in zip(served, MIX) if m[0] not in (None, "flux")]
     assert not set(adapted) & set(bare), "an adapter left an image as the base model made it"

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from bcg_diffusion.serving.app import MODELS_PATH, OWNED_BY, ServerState, create_app
+from bcg_diffusion.serving.catalog import ModelCatalog
 from bcg_diffusion.serving.listen import BAD_HTTP_MESSAGE
 from bcg_diffusion.serving.spawn import spawned_servers
 
@@ -177,7 +178,7 @@ def test_a_bad_content_length_is_a_400_in_the_openai_format(server, header):
 
 # -- in-process: the 422 of a route with typed parameters, the models hook ------------------------------------
 def _stub_state(ids):
-    planner = SimpleNamespace(model_ids=lambda: list(ids))
+    planner = SimpleNamespace(catalog=ModelCatalog(ids[0], tuple(ids[1:])))
     return ServerState(planner=planner, worker=None, generator=None, counters=None, info={}, max_queue=1)
 
 
@@ -202,7 +203,7 @@ def test_validation_errors_and_unexpected_errors_use_the_openai_format():
         assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
 
 
-def test_the_models_list_follows_the_planner_hook():
+def test_the_models_list_follows_the_catalog():
     ids = ["base", "lora-a", "lora-b"]
     from fastapi.testclient import TestClient
 
@@ -212,13 +213,16 @@ def test_the_models_list_follows_the_planner_hook():
         assert client.get(f"{MODELS_PATH}/lora-c").json()["error"]["code"] == "model_not_found"
 
 
-def test_the_planner_resolves_the_model_field():
-    from bcg_diffusion.serving.requests import RequestError, RequestPlanner
+def test_the_catalog_resolves_the_model_field_and_refuses_ambiguous_names():
+    from bcg_diffusion.serving.errors import RequestError
 
-    planner = SimpleNamespace(model_id="base", adapter_ids=("a",))
-    planner.model_ids = lambda: RequestPlanner.model_ids(planner)
-    resolve = lambda name: RequestPlanner.resolve_model(planner, name)  # noqa: E731
-    assert resolve(None) is None and resolve("base") is None and resolve("a") == "a"
+    catalog = ModelCatalog("base", ("a",))
+    assert catalog.ids() == ["base", "a"]
+    assert catalog.resolve(None) is None and catalog.resolve("base") is None and catalog.resolve("a") == "a"
     with pytest.raises(RequestError) as raised:
-        resolve("b")
+        catalog.resolve("b")
     assert (raised.value.status, raised.value.code, raised.value.param) == (404, "model_not_found", "model")
+    with pytest.raises(ValueError, match="--lora a: the name is given twice"):
+        ModelCatalog("base", ("a", "a"))
+    with pytest.raises(ValueError, match="--lora base: the name is the base model's"):
+        ModelCatalog("base", ("base",))

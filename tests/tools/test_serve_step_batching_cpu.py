@@ -30,6 +30,7 @@ from bcg_diffusion.serving.replica_state import (
     check_server_args,
     parse_server_args,
 )
+from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import ImageRequest, RequestLimits, RequestPlanner
 from bcg_diffusion.serving.step_batching import StepBatcher
 from bcg_diffusion.serving.stepping import StepConfig, StepError
@@ -47,7 +48,7 @@ def planner():
     pipe = pipelines.build_pipeline("pixart", size="tiny", device="cpu", seed=0)
     pipe.set_progress_bar_config(disable=True)
     limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=ROWS)
-    return RequestPlanner(pipe, spec, "tiny", limits, 64, 64, 2, resolution_binning=False)
+    return RequestPlanner(pipe, spec, "tiny", limits, ModelCatalog(spec.name), 64, 64, 2, resolution_binning=False)
 
 
 @pytest.fixture
@@ -111,7 +112,7 @@ def test_step_options_are_checked_before_anything_is_built(args, message):
     with pytest.raises(ServerOptionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_server_args(parse_server_args(args))
     plan = check_server_args(parse_server_args("--model pixart --max-batch 4 --batching step --step-policy oldest_first"))
-    assert plan.step == StepConfig(rows=4, policy="oldest_first")
+    assert plan.batching.step == StepConfig(rows=4, policy="oldest_first")
 
 
 def test_open_loop_arrivals_are_a_seeded_poisson_process():
