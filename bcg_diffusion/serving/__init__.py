@@ -5,14 +5,17 @@ Modules, one job each:
 
 - :mod:`.server`: the serve command: options, build, speed-ups, warm-up, listen.
 - :mod:`.granularity`: the pixel multiple a request's size must respect, read from the pipeline.
-- :mod:`.requests`: the request body (pydantic), its validation and the pipeline call it becomes.
-- :mod:`.worker`: the one thread that runs pipeline work, and the job that generates images.
-- :mod:`.startup_warmup`: the warm-up before listening (``bcg_diffusion.warmup`` where it exists, else 2-step
-  calls).
+- :mod:`.requests`: the request body (pydantic), its validation and the job it becomes; :mod:`.errors` the
+  errors a request gets; :mod:`.catalog` the served model ids.
+- :mod:`.calls`: a job's way to the pipeline as values (batch, pipeline call, result); :mod:`.runner` runs the calls,
+  :mod:`.worker` is the one thread they run on; :mod:`.state` the running server (``submit``).
+- :mod:`.startup_warmup`: the warm-up before listening (default jobs through the same calls).
+- :mod:`.faults`: the seam through which tests inject faults into pipeline calls; :mod:`.fault_rules` the load
+  tools' rules and :mod:`.fault_server` ``bcg-serve`` with them installed.
 - :mod:`.adapters`: LoRA adapters chosen per request (one hot-swap slot, an LRU of adapters on the device);
   :mod:`.adapter_options` the ``--lora`` options and their start-up; :mod:`.lora_maker` the ``make_loras.py``
   command (random adapters for tests and load runs).
-- :mod:`.app`: the FastAPI application (routes, OpenAI-style errors, counters).
+- :mod:`.app`: the FastAPI application (assembly, OpenAI-style errors, the API key); :mod:`.routes` its routes.
 - :mod:`.listen`: running the app with uvicorn on a bound socket (``--port 0``).
 - :mod:`.png`: PNG + base64 encoding and the hashes the load test compares.
 - :mod:`.load_test`: the load command; its parts :mod:`.load_mix` (the request mix), :mod:`.load_run`

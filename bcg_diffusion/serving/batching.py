@@ -2,14 +2,14 @@
 
 What may share a call (:func:`batch_key`): everything of the pipeline call but the prompt and the number of
 images, i.e. the same size, steps, guidance, negative prompt and every other setting, and the same adapter and
-adapter scale. Each request keeps its own prompt, seed and ``n``: a batched call gets a list of prompts (one per
-image) and a list of generators (one per image: image ``i`` of a request with seed ``s`` draws its noise from
-``torch.Generator().manual_seed(s + i)``, modulo 2**64).
+adapter scale. Each request keeps its own prompt, seed and ``n``: the batcher forms a :class:`~.calls.Batch`, whose
+call gets a list of prompts (one per image) and a list of generators (one per image: image ``i`` of a request with
+seed ``s`` draws its noise from ``torch.Generator().manual_seed(s + i)``, modulo 2**64; :mod:`.calls`).
 
 **Reproducibility rule**: a request's images do not depend on what it was batched with, nor where in the batch
 it sat. Kernels may compute a row differently when the batch has another size (another GEMM tiling, another
 attention split), so every batched call of a key runs the same, fixed number of rows, ``--max-batch``: the rows
-the requests leave free are filled with filler rows (the first row's prompt, seed :data:`FILLER_SEED`) whose
+the requests leave free are filled with filler rows (the first row's prompt, seed :data:`.calls.FILLER_SEED`) whose
 images are dropped. Every kernel then sees the same shapes whatever the batch holds, and no kernel mixes rows,
 so a row's result depends on that row alone. The cost: a lone request pays for a full batch (``--max-batch``
 rows of work), so batching pays only while the server is loaded; with ``--max-batch 1`` nothing is batched and
@@ -40,12 +40,13 @@ from typing import Any, Callable
 import bcg_pipelines as pipelines
 from bcg_pipelines.calls import BATCH_KWARGS
 
+from .calls import Batch
 from .requests import GenerationJob
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CLOSE_REASONS", "DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "FILLER_SEED", "SEED_MODULUS", "BatchPolicy",
-           "BatchShapes", "BatchStats", "RequestBatcher", "batch_key", "row_seeds"]
+__all__ = ["CLOSE_REASONS", "DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "BatchPolicy", "BatchShapes", "BatchStats",
+           "RequestBatcher", "batch_key"]
 
 #: ``--batch-window-ms``: the longest the oldest waiting request waits for others to join its batch (a batch
 #: closes earlier once full or once the previous call's clients are back: :class:`RequestBatcher`). It must
@@ -63,9 +64,6 @@ DEFAULT_WINDOW_MS = 500.0
 DEFAULT_WORK_LIMIT = 1 << 21
 #: Why a batch closed (``/stats`` ``batching.closed_by``): see :class:`RequestBatcher`.
 CLOSE_REASONS = ("full", "returns", "window")
-#: The seed of every filler row (its image is dropped).
-FILLER_SEED = 0
-SEED_MODULUS = 2**64
 #: Keys of a pipeline call that differ between the rows of a batch (everything else must be equal).
 ROW_KEYS = ("prompt", *BATCH_KWARGS)
 
@@ -102,11 +100,6 @@ def batch_key(job: GenerationJob) -> tuple:
     and its scale."""
     settings = tuple(sorted((k, _hashable(v)) for k, v in job.call.items() if k not in ROW_KEYS))
     return settings, job.adapter, job.adapter_scale
-
-
-def row_seeds(seed: int, n: int) -> list[int]:
-    """The seeds of a request's ``n`` rows in a batched call: ``seed``, ``seed + 1``, ... modulo 2**64."""
-    return [(seed + i) % SEED_MODULUS for i in range(n)]
 
 
 def _hidden_size(pipe) -> int | None:
@@ -246,8 +239,8 @@ class RequestBatcher:
     """Gathers batchable requests and hands each batch to the pipeline worker as one call.
 
     ``submit(job)`` returns a future of ``(started, GenerationResult)`` for that job alone (as an unbatched call
-    gives). One thread forms batches and runs each through ``run_batch(jobs, rows)`` on the worker, waiting for it
-    before forming the next: no batch starts while a call runs, and requests that arrive meanwhile queue for the
+    gives). One thread forms :class:`~.calls.Batch` and runs each through ``run(batch)`` (one result per job) on the
+    worker, waiting for it before forming the next: no batch starts while a call runs, and requests that arrive meanwhile queue for the
     next one. **The filling rule**: the batch of the oldest waiting request's key closes as soon as
 
     - ``full``: its key has ``rows`` images waiting (or a waiting request of the key does not fit), or
@@ -268,10 +261,10 @@ class RequestBatcher:
     does not know which client sent what), so a newcomer can stand in for a client that stays away.
     """
 
-    def __init__(self, worker, run_batch: Callable[[list[GenerationJob], int], list], shapes: BatchShapes,
-                 stats: BatchStats, name: str = "request-batcher"):
+    def __init__(self, worker, run: Callable[[Batch], list], shapes: BatchShapes, stats: BatchStats,
+                 name: str = "request-batcher"):
         self.worker = worker
-        self.run_batch = run_batch
+        self.run = run
         self.shapes = shapes
         self.stats = stats
         self._pending: list[_Pending] = []
@@ -366,21 +359,20 @@ class RequestBatcher:
 
     def _loop(self) -> None:
         while (formed := self._next_batch()) is not None:
-            batch, reason = formed
+            items, reason = formed
             closed = time.perf_counter()
-            jobs = [item.job for item in batch]
-            rows = batch[0].rows
-            self.stats.record(len(jobs), sum(j.n for j in jobs), rows, [closed - item.arrived for item in batch],
-                              reason)
+            batch = Batch(tuple(item.job for item in items), items[0].rows)
+            self.stats.record(len(items), sum(j.n for j in batch.jobs), batch.rows,
+                              [closed - item.arrived for item in items], reason)
             try:
-                started, results = self.worker.submit(lambda: (time.perf_counter(), self.run_batch(jobs, rows))).result()
+                started, results = self.worker.submit(lambda: (time.perf_counter(), self.run(batch))).result()
             except BaseException as exc:  # noqa: BLE001 - the whole batch failed: every request gets the error
-                self._answered(len(batch))
-                for item in batch:
+                self._answered(len(items))
+                for item in items:
                     item.future.set_exception(exc)
             else:
-                self._answered(len(batch))
-                for item, result in zip(batch, results):
+                self._answered(len(items))
+                for item, result in zip(items, results):
                     item.future.set_result((started, result))
         with self._cond:  # stopped: the requests still waiting are refused
             for item in self._pending:

@@ -358,6 +358,7 @@ class RequestPlanner:
         return call
 
     # -- start-up ------------------------------------------------------------------------------------
-    def default_job(self, width: int, height: int, prompt: str = "warm-up") -> GenerationJob:
-        """The job of a request that gives only ``prompt`` and ``size`` (warm-up uses its call)."""
-        return self.job(ImageRequest(prompt=prompt, size=f"{width}x{height}"))
+    def default_job(self, width: int, height: int, prompt: str = "warm-up", model: str | None = None) -> GenerationJob:
+        """The job of a request that gives only ``prompt`` and ``size`` (and ``model``: an adapter's id); the warm-up
+        runs such jobs."""
+        return self.job(ImageRequest(prompt=prompt, size=f"{width}x{height}", model=model))

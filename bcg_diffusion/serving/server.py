@@ -127,10 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="log level of the server's own log on stderr (default: info)")
     add_replica_arguments(p)
-    g = p.add_argument_group("testing")
-    g.add_argument("--inject", action="append", default=[], metavar="KIND:PROMPT",
-                   help="testing only: a request with exactly PROMPT fails inside the pipeline after its first step "
-                   "(KIND error: a 500; oom: a torch.OutOfMemoryError, a 503) or sleeps there 2 s (slow); repeatable")
     return p
 
 

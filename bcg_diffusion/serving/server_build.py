@@ -23,7 +23,6 @@ from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compile
 from bcg_pipelines.calls import BATCH_KWARGS
 
 from .adapter_options import attach_adapters
-from .app import ServerState
 from .batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
 from .step_batching import StepBatcher
 from .stepping import StepError
@@ -32,7 +31,9 @@ from .errors import RequestError
 from .requests import RequestLimits, RequestPlanner
 from .server_plan import ServerPlan, prog
 from .startup_warmup import WarmupPlan, plan_warmup, run_warmup
-from .worker import ImageGenerator, PipelineWorker, ServerCounters
+from .runner import CallRunner
+from .state import ServerState
+from .worker import PipelineWorker, ServerCounters
 
 __all__ = ["CACHED_UNBATCHED", "CHECKPOINT_DEFAULT_SIZE", "CHECKPOINT_DEFAULT_STEPS", "build_server", "make_planner",
            "stack_up"]
@@ -61,12 +62,12 @@ def build_server(plan: ServerPlan, replica: dict[str, Any] | None = None) -> Ser
     print_built(time.perf_counter() - t0, pipe, planner, notes)
     shapes = batching_setup(pipe, planner, plan, off)
     counters, worker = ServerCounters(), PipelineWorker()
-    generator = ImageGenerator(pipe, model.device, counters, dict(plan.injections), adapters=bank,
-                               before_call=cache_reset(pipe, plan.stack))  # an image depends on its request alone
+    runner = CallRunner(pipe, model.device, counters, adapters=bank,
+                        before_call=cache_reset(pipe, plan.stack))  # an image depends on its request alone
     batcher = None
     try:
-        batcher = make_batcher(plan, worker, generator, shapes)
-        warmup = warm_up(worker, generator, planner, warmup_plan(plan, planner), shapes, batcher)
+        batcher = make_batcher(plan, worker, runner, shapes)
+        warmup = warm_up(worker, runner, planner, warmup_plan(plan, planner), shapes, batcher)
     except BaseException:
         if batcher is not None:
             batcher.stop()
@@ -74,19 +75,19 @@ def build_server(plan: ServerPlan, replica: dict[str, Any] | None = None) -> Ser
         raise
     warmup["compile_cache"] = save_compile_cache(compile_cache)
     info = server_info(plan, spec, pipe, planner, warmup, replica)
-    return ServerState(planner, worker, generator, counters, info, plan.requests.max_queue, api_key=plan.api_key,
+    return ServerState(planner, worker, runner, counters, info, plan.requests.max_queue, api_key=plan.api_key,
                        batcher=batcher)
 
 
-def make_batcher(plan: ServerPlan, worker: PipelineWorker, generator: ImageGenerator, shapes: BatchShapes | None):
-    """The request batcher, the step batcher (``--batching step``), or ``None`` without batching; ``Failure`` (2)
-    for a pipeline the step scheduler cannot split."""
+def make_batcher(plan: ServerPlan, worker: PipelineWorker, runner: CallRunner, shapes: BatchShapes | None):
+    """The request batcher (its batches run as calls of ``runner``), the step batcher (``--batching step``), or
+    ``None`` without batching; ``Failure`` (2) for a pipeline the step scheduler cannot split."""
     if shapes is None:
         return None
     if plan.batching.step is None:
-        return RequestBatcher(worker, generator.generate_batch, shapes, BatchStats(shapes.policy))
+        return RequestBatcher(worker, lambda batch: runner.run(batch.call()), shapes, BatchStats(shapes.policy))
     try:
-        return StepBatcher(worker, generator, shapes, plan.batching.step)
+        return StepBatcher(worker, runner, shapes, plan.batching.step)
     except StepError as exc:
         raise Failure(2, f"{prog()}: error: --batching step: {exc}") from exc
 
@@ -279,28 +280,28 @@ def warmup_plan(plan: ServerPlan, planner: RequestPlanner) -> WarmupPlan:
     return warming
 
 
-def warm_up(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, warming: WarmupPlan,
+def warm_up(worker: PipelineWorker, runner: CallRunner, planner: RequestPlanner, warming: WarmupPlan,
             shapes: BatchShapes | None = None, batcher=None) -> dict[str, Any]:
     """Run the warm-up on the worker thread: the base model's, then, with adapters, the same once more with the
     first adapter in the slot (both graph keys of every warmed size captured); then the adapters count from zero.
     Its summary for ``/stats`` (the base model's pass)."""
-    summary = warm_pass(worker, generator, planner, warming, shapes, batcher)
-    bank = generator.adapters
+    summary = warm_pass(worker, runner, planner, warming, shapes, batcher)
+    bank = runner.adapters
     if bank is None:
         return summary
     if bank.names:
         worker.submit(lambda: bank.select(bank.names[0])).result()
         try:
-            warm_pass(worker, generator, planner, warming, shapes, batcher, adapter=bank.names[0])
+            warm_pass(worker, runner, planner, warming, shapes, batcher, adapter=bank.names[0])
         finally:
             worker.submit(lambda: bank.select(None)).result()
-    generator.refresh_stats()
-    bank.mark_ready(generator.bcg_stats)
-    generator.refresh_stats()
+    runner.refresh_stats()
+    bank.mark_ready(runner.bcg_stats)
+    runner.refresh_stats()
     return summary
 
 
-def warm_pass(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, warming: WarmupPlan,
+def warm_pass(worker: PipelineWorker, runner: CallRunner, planner: RequestPlanner, warming: WarmupPlan,
               shapes: BatchShapes | None, batcher, adapter: str | None = None) -> dict[str, Any]:
     """One warm-up of every size (with step batching, the step-batched sizes through the step scheduler) for
     ``adapter`` (``None``: the base model); print its report; its summary."""
@@ -308,13 +309,16 @@ def warm_pass(worker: PipelineWorker, generator: ImageGenerator, planner: Reques
     if not sizes:
         return {"sizes": [], "total_s": 0.0, "captures": 0, "method": None, "steps": None}
     stepped = step_sizes(planner, sizes, batcher)
-    method = "bcg_diffusion.warmup" if hasattr(bcg_diffusion, "warmup") else f"server ({warming.steps}-step calls)"
+    method = "bcg_diffusion.warmup"
     if stepped:
         method = "step scheduler" + (f" and {method}" if len(stepped) < len(sizes) else "")
     print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}, {warming.steps} steps) ...",
           flush=True)
     try:
-        reports = warm_reports(worker, generator, planner, sizes, stepped, shapes, batcher, warming.steps, adapter)
+        rest = [size for size in sizes if size not in stepped]
+        reports = [worker.submit(lambda: run_warmup(runner, planner, rest, shapes, warming.steps, adapter)).result()
+                   ] if rest else []
+        reports += [batcher.warm(planner, stepped, adapter)] if stepped else []
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
     except Exception as exc:  # noqa: BLE001
@@ -324,18 +328,6 @@ def warm_pass(worker: PipelineWorker, generator: ImageGenerator, planner: Reques
     return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(sum(float(r.total_s) for r in reports), 3),
             "captures": sum(int(r.captures) for r in reports), "method": method, "steps": warming.steps,
             "compiled_graphs": compiled_graphs()}
-
-
-def warm_reports(worker: PipelineWorker, generator: ImageGenerator, planner: RequestPlanner, sizes: list,
-                 stepped: list, shapes: BatchShapes | None, batcher, steps: int, adapter: str | None) -> list:
-    """The warm-up reports: the sizes the step scheduler batches warmed through it, the rest by warm-up calls."""
-    reports = []
-    rest = [size for size in sizes if size not in stepped]
-    if rest:
-        reports.append(worker.submit(lambda: run_warmup(generator, planner, rest, shapes, steps)).result())
-    if stepped:
-        reports.append(batcher.warm(planner, stepped, adapter))
-    return reports
 
 
 def step_sizes(planner: RequestPlanner, sizes: list[tuple[int, int]], batcher) -> list[tuple[int, int]]:

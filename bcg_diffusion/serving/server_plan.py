@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -106,8 +106,7 @@ class ServerPlan:
     to build, its speed ``stack`` (``--quant``, ``--cache``, ``--compile``, ``--compile-cache``,
     ``--attention-backend``, read by the parser ``bcg-generate`` shares) and ``bcg`` on top of it, the ``requests``'
     defaults and limits, ``batching``, the ``adapters``, the ``catalog`` of served model ids, the ``warmup`` sizes,
-    ``injections`` (prompt -> failure kind, testing only), the ``api_key`` every route but ``/health`` needs
-    (``None``: none), and the address (``host``, ``port``)."""
+    the ``api_key`` every route but ``/health`` needs (``None``: none), and the address (``host``, ``port``)."""
 
     model: ModelPlan
     stack: StackOptions
@@ -117,7 +116,6 @@ class ServerPlan:
     adapters: AdapterPlan
     catalog: ModelCatalog
     warmup: tuple[Size, ...] = ()
-    injections: Mapping[str, str] = field(default_factory=dict)
     api_key: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
@@ -131,7 +129,7 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     options are read, before the device and the model are checked."""
     check_numbers(args, parser)
     key = api_key(args, parser)
-    warmup, default_size, injections = parse_values(args, parser)
+    warmup, default_size = parse_values(args, parser)
     adapters = AdapterPlan(tuple(lora_specs(args, parser)), args.lora_rank, args.lora_gpu_slots)
     catalog = model_catalog(args, adapters, parser)
     if warn_open_host:
@@ -143,7 +141,7 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
                            resolution_binning=not args.no_resolution_binning)
     batching = BatchingPlan(args.max_batch, args.batch_window_ms, args.batch_work_limit,
                             step_config(args, model.spec, parser))
-    return ServerPlan(model, stack, bool(args.bcg), requests, batching, adapters, catalog, tuple(warmup), injections,
+    return ServerPlan(model, stack, bool(args.bcg), requests, batching, adapters, catalog, tuple(warmup),
                       api_key=key, host=args.host, port=args.port)
 
 
@@ -205,11 +203,10 @@ def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser)
 
 
 def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    """``--warmup`` (a list of sizes), ``--default-size`` (a size or ``None``) and ``--inject`` (prompt -> kind);
-    ``parser.error`` for a malformed one."""
+    """``--warmup`` (a list of sizes) and ``--default-size`` (a size or ``None``); ``parser.error`` for a malformed
+    one."""
     from .errors import RequestError
     from .requests import parse_size
-    from .worker import parse_injection
 
     sizes = {"--warmup": [s.strip() for s in args.warmup.split(",")] if args.warmup else [],
              "--default-size": [args.default_size.strip()] if args.default_size else []}
@@ -219,14 +216,7 @@ def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser):
             parsed[name] = [parse_size(text, param=name) for text in texts]
         except RequestError as exc:
             parser.error(exc.message)
-    injections = {}
-    for text in args.inject:
-        try:
-            kind, prompt = parse_injection(text)
-        except ValueError as exc:
-            parser.error(str(exc))
-        injections[prompt] = kind
-    return parsed["--warmup"], (parsed["--default-size"] or [None])[0], injections
+    return parsed["--warmup"], (parsed["--default-size"] or [None])[0]
 
 
 def api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:

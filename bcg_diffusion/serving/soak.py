@@ -3,11 +3,11 @@ with the server's memory watched and every answer checked.
 
 The request mix (seeded) holds valid image requests (mixed sizes, ``n``, LoRA adapters by the ``model`` field;
 a fixed set of distinct requests, so equal ones recur), bad requests (malformed JSON, bad sizes, an unknown
-model, ...), injected faults (``bcg-serve --inject``: a failure and an out-of-memory error inside the pipeline,
-which answer 500 and 503, and a slow call), clients that disconnect while their request is being served, and
-clients that send their body slowly. ``--spawn ARGS`` starts the server itself with what the mix needs (the
-``--inject`` rules, random LoRA adapters, batching, the sizes warmed); ``--url`` takes a running one started
-with the same (``--pid`` lets the host memory be read).
+model, ...), injected faults (fault rules, :mod:`.fault_rules`: a failure and an out-of-memory error inside the
+pipeline, which answer 500 and 503, and a slow call), clients that disconnect while their request is being served,
+and clients that send their body slowly. ``--spawn ARGS`` starts the server itself with what the mix needs (the
+fault rules, through :mod:`.fault_server`; random LoRA adapters, batching, the sizes warmed); ``--url`` takes a
+running one started with the same (``--pid`` lets the host memory be read).
 
 The run is split into phases; after each the soak waits until the server is idle and reads its GPU memory
 (``/stats``) and its process's resident memory (``/proc/PID/status``): the first phase is the warm-up, the
@@ -42,10 +42,12 @@ from .load_run import API_KEY_VARIABLE, check_loopback, client, get_stats
 from .png import pixel_hash
 from .soak_report import report, write_reports
 
-__all__ = ["INJECT_PROMPTS", "KINDS", "SoakMix", "SoakOutcome", "SoakRequest", "build_requests", "main", "run_soak"]
+__all__ = ["FAULT_PROMPTS", "KINDS", "SoakMix", "SoakOutcome", "SoakRequest", "build_requests", "fault_rules", "main",
+           "run_soak"]
 
-#: The prompts the soak's injected faults use: ``bcg-serve --inject KIND:PROMPT`` for each.
-INJECT_PROMPTS = {"error": "__soak_error__", "oom": "__soak_oom__", "slow": "__soak_slow__"}
+#: The prompts of the soak's faults: a fault rule ``KIND:PROMPT`` (:mod:`.fault_rules`) for each, installed in the
+#: server it starts (:mod:`.fault_server`).
+FAULT_PROMPTS = {"error": "__soak_error__", "oom": "__soak_oom__", "slow": "__soak_slow__"}
 #: Request kinds and their shares of the mix (every kind at least once).
 SHARES = {"image": 0.815, "bad": 0.07, "disconnect": 0.04, "slow_body": 0.03, "fault_error": 0.02,
           "fault_oom": 0.02, "fault_slow": 0.005}  # a slow fault holds the pipeline 2 s
@@ -165,7 +167,7 @@ def build_requests(mix: SoakMix, count: int) -> list[SoakRequest]:
             continue
         if kind.startswith("fault_"):
             fault = kind.split("_", 1)[1]
-            body = {**body, "prompt": INJECT_PROMPTS[fault]}
+            body = {**body, "prompt": FAULT_PROMPTS[fault]}
             body.pop("model", None)
             if fault != "slow":  # a failing call fails every request it carries: keep the faults to themselves
                 body["num_inference_steps"] = mix.fault_steps
@@ -470,16 +472,19 @@ def make_adapters(words: list[str], count: int, folder: Path) -> tuple[dict[str,
     return {name: path.parent for name, path in paths.items()}, ""
 
 
+def fault_rules() -> list[str]:
+    """The fault rules the soak's mix needs in its server: ``KIND:PROMPT`` for each of :data:`FAULT_PROMPTS`."""
+    return [f"{kind}:{prompt}" for kind, prompt in FAULT_PROMPTS.items()]
+
+
 def server_arguments(words: list[str], args: argparse.Namespace, adapters: dict[str, Path]) -> list[str]:
-    """``words`` (the server's options) with what the soak needs added: the ``--inject`` rules, the adapters,
-    and, unless given, batching (``--max-batch 4``), the sizes warmed and a queue that the clients never fill."""
+    """``words`` (the server's options) with what the soak needs added: the adapters, and, unless given, batching
+    (``--max-batch 4``), the sizes warmed and a queue that the clients never fill."""
     words = list(words)
 
     def given(flag: str) -> bool:
         return any(w == flag or w.startswith(flag + "=") for w in words)
 
-    for kind, prompt in INJECT_PROMPTS.items():
-        words += ["--inject", f"{kind}:{prompt}"]
     for name, path in adapters.items():
         words += ["--lora", f"{name}={path}"]
     defaults = {"--max-batch": "4", "--warmup": args.sizes, "--max-queue": str(max(64, 4 * args.concurrency))}
@@ -499,7 +504,7 @@ def soak_server(args: argparse.Namespace, words: list[str]) -> Iterator[tuple[st
         return
     adapters, note = make_adapters(words, args.adapters, args.out / "adapters")
     full = server_arguments(words, args, adapters)
-    server = start_server(shlex.join(full), args.out / "server.log")
+    server = start_server(shlex.join(full), args.out / "server.log", faults=fault_rules())
     try:
         wait_ready([server], args.spawn_timeout)
         yield server.url, server.process.pid, full, note
@@ -543,10 +548,10 @@ def soak_command(args: argparse.Namespace, words: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.soak", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("server (one of)")
-    g.add_argument("--spawn", metavar="ARGS", help="start 'bcg-serve ARGS' on 127.0.0.1 with the soak's --inject rules, "
-                   "LoRA adapters, --max-batch and --warmup added (unless ARGS give them), and stop it after")
-    g.add_argument("--url", help="a running server, http://127.0.0.1:PORT, started with the soak's --inject rules "
-                   f"({', '.join(f'{k}:{v}' for k, v in INJECT_PROMPTS.items())})")
+    g.add_argument("--spawn", metavar="ARGS", help="start 'bcg-serve ARGS' on 127.0.0.1 with the soak's fault rules "
+                   "installed, LoRA adapters, --max-batch and --warmup added (unless ARGS give them), and stop it after")
+    g.add_argument("--url", help="a running server, http://127.0.0.1:PORT, started with the soak's fault rules: python "
+                   f"-m bcg_diffusion.serving.fault_server {' '.join(f'--fault {r}' for r in fault_rules())} -- ARGS")
     g.add_argument("--pid", type=int, default=None, help="with --url: the server's process id (its resident memory)")
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=2000, help="requests in all (default: 2000)")

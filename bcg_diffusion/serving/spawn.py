@@ -17,15 +17,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from .listen import LISTENING_PREFIX
 from .load_run import ALLOWED_HOST, check_loopback
 
-__all__ = ["SERVER_MODULE", "SpawnError", "SpawnedServer", "spawned_servers", "start_server", "stop_server"]
+__all__ = ["FAULT_SERVER_MODULE", "SERVER_MODULE", "SpawnError", "SpawnedServer", "spawned_servers", "start_server",
+           "stop_server"]
 
 #: The server a spawned process runs (``python -m``; the same code as ``scripts/serve.py`` and ``bcg-serve``).
 SERVER_MODULE = "bcg_diffusion.serving.serve_command"
+#: The same server with fault rules installed (:mod:`.fault_server`), for servers spawned with ``faults``.
+FAULT_SERVER_MODULE = "bcg_diffusion.serving.fault_server"
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1
@@ -71,13 +74,16 @@ def _follow(server: SpawnedServer, log) -> None:
     server.ready.set()
 
 
-def start_server(arg_string: str, log_path: Path) -> SpawnedServer:
-    """Start ``serve.py ARGS --host 127.0.0.1 --port 0`` (``ValueError`` if ARGS set the host or port)."""
+def start_server(arg_string: str, log_path: Path, faults: Sequence[str] = ()) -> SpawnedServer:
+    """Start ``serve.py ARGS --host 127.0.0.1 --port 0`` (``ValueError`` if ARGS set the host or port); with
+    ``faults`` (``KIND:PROMPT`` rules, :mod:`.fault_rules`), through :mod:`.fault_server`, which installs them."""
     args = shlex.split(arg_string)
     if any(a == flag or a.startswith(flag + "=") for a in args for flag in ("--host", "--port")):
         raise ValueError(f"--spawn {arg_string!r}: leave --host and --port out; spawned servers listen on "
                          f"{ALLOWED_HOST} on a free port")
-    command = [sys.executable, "-m", SERVER_MODULE, *args, "--host", ALLOWED_HOST, "--port", "0"]
+    rules = [w for rule in faults for w in ("--fault", rule)]
+    launcher = [FAULT_SERVER_MODULE, *rules, "--"] if faults else [SERVER_MODULE]
+    command = [sys.executable, "-m", *launcher, *args, "--host", ALLOWED_HOST, "--port", "0"]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w", buffering=1)  # noqa: SIM115 - closed by the follower thread's end
     log.write(f"$ {shlex.join(command)}\n")
@@ -120,12 +126,14 @@ def stop_server(server: SpawnedServer, grace_s: float = STOP_GRACE_S) -> int | N
 
 
 @contextlib.contextmanager
-def spawned_servers(arg_strings: list[str], log_dir: Path, timeout_s: float) -> Iterator[list[SpawnedServer]]:
-    """Start all servers at once, wait until they listen, yield them; stop them all on exit, whatever happens."""
+def spawned_servers(arg_strings: list[str], log_dir: Path, timeout_s: float,
+                    faults: Sequence[str] = ()) -> Iterator[list[SpawnedServer]]:
+    """Start all servers at once (each with the fault rules ``faults``), wait until they listen, yield them; stop
+    them all on exit, whatever happens."""
     servers: list[SpawnedServer] = []
     try:
         for i, arg_string in enumerate(arg_strings):
-            servers.append(start_server(arg_string, log_dir / f"server{i}.log"))
+            servers.append(start_server(arg_string, log_dir / f"server{i}.log", faults))
         wait_ready(servers, timeout_s)
         yield servers
     finally:

@@ -1,11 +1,11 @@
 """Start-up warm-up: run the sizes of ``--warmup`` once before the server listens.
 
-Where the library has ``bcg_diffusion.warmup(pipe, shapes, **call)`` it is used: ``shapes`` are
-``dict(height=H, width=W)`` and ``call`` the settings of a default request (prompt, guidance,
-``num_images_per_prompt=1``, ``use_resolution_binning`` where set, ...). Otherwise the server makes
-one 2-step call per size itself, with the same settings and a generator of its own (the documented
-equivalent): each call compiles (``--compile``) and captures (``--bcg``) what that size needs.
-Both run in the grad mode of the server's calls, on the worker thread.
+Each size is warmed by ``bcg_diffusion.warmup(pipe, shapes, **call)``: ``shapes`` are ``dict(height=H, width=W)``
+and ``call`` the settings of the pipeline call a request of that size with only a prompt makes, built as every
+request's (:mod:`.calls`: a default job, alone or in its batch), less the size and steps: prompt, guidance,
+``num_images_per_prompt=1``, ``use_resolution_binning`` where set, ... It runs through the server's
+:class:`~.runner.CallRunner`, in the grad mode of the server's calls, on the worker thread: each call compiles
+(``--compile``) and captures (``--bcg``) what that size needs.
 
 With batching (:mod:`.batching`), a size whose calls are batched is warmed at its batch shape: a list of
 ``--max-batch`` prompts with one image each, as every batched call of that size runs, so its requests replay
@@ -20,27 +20,18 @@ layout a computed step never makes: a new graph or compilation); with ``--compil
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-import torch
-
-import bcg_diffusion
-
-from bcg_pipelines.calls import BATCH_KWARGS
-
+from .calls import Batch
 from .requests import RequestPlanner
-from .worker import ImageGenerator, request_grad_mode
+from .runner import CallRunner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "ServerWarmupReport", "WarmupPlan", "WarmupShape", "plan_warmup",
-           "run_warmup", "warmup_call"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "plan_warmup", "run_warmup", "warmup_batch"]
 
+#: Steps per warm-up call (the library's default), unless a step cache needs the default step count.
 WARMUP_STEPS = 2
-#: Keys of a request's call that the warm-up sets per shape (or leaves to the warm-up's default).
-PER_SHAPE_KEYS = ("height", "width", "num_inference_steps")
 
 
 @dataclass(frozen=True)
@@ -71,40 +62,6 @@ def plan_warmup(sizes: tuple[tuple[int, int], ...], default_size: tuple[int, int
     return WarmupPlan(tuple(sizes), steps, tuple(notes))
 
 
-@dataclass(frozen=True)
-class WarmupShape:
-    """One warmed size: how long its call took and how many graphs it captured."""
-
-    width: int
-    height: int
-    seconds: float
-    captures: int
-
-
-@dataclass
-class ServerWarmupReport:
-    """The report of the server's own warm-up (when ``bcg_diffusion.warmup`` does not exist); the same
-    ``total_s`` and ``captures`` as the library's report, and a table as ``str()``."""
-
-    shapes: list[WarmupShape] = field(default_factory=list)
-    steps: int = WARMUP_STEPS
-
-    @property
-    def total_s(self) -> float:
-        return sum(s.seconds for s in self.shapes)
-
-    @property
-    def captures(self) -> int:
-        return sum(s.captures for s in self.shapes)
-
-    def __str__(self) -> str:
-        lines = [f"warm-up: one {self.steps}-step call per size (the server's own; bcg_diffusion.warmup "
-                 "is not available)", f"  {'size':<12} {'seconds':>8} {'captures':>9}"]
-        lines += [f"  {f'{s.width}x{s.height}':<12} {s.seconds:>8.2f} {s.captures:>9}" for s in self.shapes]
-        lines.append(f"  {'total':<12} {self.total_s:>8.2f} {self.captures:>9}")
-        return "\n".join(lines)
-
-
 @dataclass
 class CombinedWarmupReport:
     """The reports of several warm-up calls (one per batch shape), as one: ``total_s``, ``captures``, ``str()``."""
@@ -123,58 +80,25 @@ class CombinedWarmupReport:
         return "\n".join(str(r) for r in self.reports)
 
 
-def warmup_call(planner: RequestPlanner, width: int, height: int, rows: int = 1) -> dict[str, Any]:
-    """The call settings of a default request at this size, without the per-shape keys; with ``rows`` > 1, those
-    of a batched call of that many rows (a list of prompts, one image each)."""
-    call = planner.default_job(width, height).call
-    call = {k: v for k, v in call.items() if k not in PER_SHAPE_KEYS}
-    if rows > 1:
-        call["prompt"] = [call["prompt"]] * rows
-        for key in BATCH_KWARGS:
-            if key in call:
-                call[key] = 1
-    return call
+def warmup_batch(planner: RequestPlanner, size: tuple[int, int], shapes=None, adapter: str | None = None) -> Batch:
+    """The batch a request of ``size`` with only a prompt (for ``adapter``; ``None``: the base model) makes: alone,
+    or at the rows its size is batched at (``shapes``: a :class:`.batching.BatchShapes`; ``None``: no batching).
+    ``RequestError`` where that request is not valid."""
+    job = planner.default_job(*size, model=adapter)  # the same checks as a request of that size
+    rows = shapes.rows_of(job) if shapes is not None else 1
+    return Batch((job,), rows) if rows > 1 else Batch.alone(job)
 
 
-def _captures(pipe) -> int:
-    stats = bcg_diffusion.get_stats(pipe)
-    return stats.captures
-
-
-def run_warmup(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], shapes=None,
-               steps: int = WARMUP_STEPS):
+def run_warmup(runner: CallRunner, planner: RequestPlanner, sizes: list[tuple[int, int]], shapes=None,
+               steps: int = WARMUP_STEPS, adapter: str | None = None):
     """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``) with calls of
-    ``steps`` steps, each at the rows its calls run (``shapes``: a :class:`.batching.BatchShapes`; ``None``: 1);
-    returns the library's report or a :class:`ServerWarmupReport` (a :class:`CombinedWarmupReport` of them for sizes
-    of several batch shapes). Call it on the worker thread."""
-    groups: dict[int, list[tuple[int, int]]] = {}
-    for width, height in sizes:
-        job = planner.default_job(width, height)  # the same checks as a request of that size
-        rows = shapes.rows_of(job) if shapes is not None else 1
-        groups.setdefault(rows, []).append((width, height))
-    reports = [_warm(generator, planner, group, rows, steps) for rows, group in groups.items()]
+    ``steps`` steps, each with the call its requests make (:func:`warmup_batch`; sizes of one batch shape in one
+    library call); the library's report (a :class:`CombinedWarmupReport` of them for several shapes). Call it on the
+    worker thread."""
+    groups: dict[int | None, tuple[Batch, list[tuple[int, int]]]] = {}
+    for size in sizes:
+        batch = warmup_batch(planner, size, shapes, adapter)
+        groups.setdefault(batch.rows, (batch, []))[1].append(size)
+    reports = [runner.warm(batch.call(), group, None if steps == WARMUP_STEPS else steps)
+               for batch, group in groups.values()]
     return reports[0] if len(reports) == 1 else CombinedWarmupReport(reports)
-
-
-def _warm(generator: ImageGenerator, planner: RequestPlanner, sizes: list[tuple[int, int]], rows: int, steps: int):
-    pipe = generator.pipe
-    call = warmup_call(planner, *sizes[0], rows=rows)
-    library_warmup = getattr(bcg_diffusion, "warmup", None)
-    try:
-        with request_grad_mode():
-            if library_warmup is not None:
-                extra = {} if steps == WARMUP_STEPS else {"num_inference_steps": steps}  # else the library's default
-                return library_warmup(pipe, [dict(height=h, width=w) for w, h in sizes], **extra, **call)
-            report = ServerWarmupReport(steps=steps)
-            for width, height in sizes:
-                before = _captures(pipe)
-                start = time.perf_counter()
-                pipe(**call, height=height, width=width, num_inference_steps=steps,
-                     generator=generator.generator(0))
-                if generator.device.type == "cuda":
-                    torch.cuda.synchronize(generator.device)
-                report.shapes.append(WarmupShape(width, height, time.perf_counter() - start, _captures(pipe) - before))
-                logger.info("warmed %dx%d in %.2f s", width, height, report.shapes[-1].seconds)
-            return report
-    finally:
-        generator.refresh_stats()

@@ -4,7 +4,8 @@
 :class:`StepBatcher` has the request batcher's small interface (``batches``, ``submit``, ``pending``, ``alive``,
 ``stop``, ``stats.snapshot()``), so the application serves either. The scheduler is driven by a job on the worker
 that runs boundaries until nothing is left, and yields between two boundaries whenever other work waits for the
-worker (an unbatched request, a warm-up): it is submitted again behind that work. A request's answer is its
+worker (an unbatched request, a warm-up): it is submitted again behind that work. A request's adapter is selected
+through the server's :class:`~.runner.CallRunner` before each step of its batch. A request's answer is its
 images, the seconds from arrival to joining a running batch (the queue), from joining to its answer (the
 pipeline), the most requests that shared one of its steps and the batch's rows.
 """
@@ -19,14 +20,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from .batching import BatchShapes
+from .calls import GenerationResult
+from .faults import fault_for
 from .png import to_pil_images
 from .requests import GenerationJob, RequestPlanner
+from .runner import CallRunner
 from .startup_warmup import WARMUP_STEPS
 from .stepping import StepConfig, StepRequest, StepScheduler
-from .worker import SLOW_INJECT_S, GenerationResult, ImageGenerator, InjectedFailure, PipelineWorker, request_grad_mode
+from .worker import PipelineWorker, request_grad_mode
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +65,9 @@ class _Stats:
 class StepBatcher:
     """Step batching for the server (see the module's docstring). ``config.rows`` is ``--max-batch``."""
 
-    def __init__(self, worker: PipelineWorker, generator: ImageGenerator, shapes: BatchShapes, config: StepConfig):
-        self.worker, self.generator, self.shapes = worker, generator, shapes
-        self.scheduler = StepScheduler(generator.pipe, config, before_step=self._select_adapter)
+    def __init__(self, worker: PipelineWorker, runner: CallRunner, shapes: BatchShapes, config: StepConfig):
+        self.worker, self.runner, self.shapes = worker, runner, shapes
+        self.scheduler = StepScheduler(runner.pipe, config, before_step=self._select_adapter)
         self.stats = _Stats(self)
         self._lock = threading.Lock()
         self._driving = False
@@ -118,18 +120,17 @@ class StepBatcher:
         """Run one ``WARMUP_STEPS``-step request per size (for ``adapter``; ``None``: the base model) through the
         scheduler (all at once, as they would run) and wait for them; sizes that are not step-batched are the
         caller's."""
-        self.generator.refresh_stats()
+        self.runner.refresh_stats()
         before = self._captures()
         started = time.perf_counter()
         futures = []
         for width, height in sizes:
-            job = planner.default_job(width, height)
-            job = dataclasses.replace(job, steps=WARMUP_STEPS, call={**job.call, "num_inference_steps": WARMUP_STEPS},
-                                      adapter=adapter, adapter_scale=None if adapter is None else 1.0)
+            job = planner.default_job(width, height, model=adapter)
+            job = dataclasses.replace(job, steps=WARMUP_STEPS, call={**job.call, "num_inference_steps": WARMUP_STEPS})
             futures.append(self.submit(job, counted=False))
         for future in futures:
             future.result()
-        self.generator.refresh_stats()
+        self.runner.refresh_stats()
         return StepWarmupReport([f"{w}x{h}" for w, h in sizes], time.perf_counter() - started,
                                 self._captures() - before)
 
@@ -154,7 +155,7 @@ class StepBatcher:
             with self._lock:
                 self._driving = False
             if not self.scheduler.has_work():
-                self.generator.refresh_stats()
+                self.runner.refresh_stats()
             elif not self._stopping:
                 self._kick()
 
@@ -162,29 +163,24 @@ class StepBatcher:
         now = time.perf_counter()
         if now - self._refreshed >= STATS_REFRESH_S:
             self._refreshed = now
-            self.generator.refresh_stats()
+            self.runner.refresh_stats()
 
     def _select_adapter(self, group, admitted: int) -> None:
-        adapters = self.generator.adapters
-        if adapters is not None:
-            adapters.select(group[0], group[1], requests=admitted)
+        self.runner.select(group[0], group[1], admitted)
 
     def _on_step(self, job: GenerationJob, counted: bool) -> Callable[[int], None]:
-        """After each of the job's steps: count its pipeline call at the first; ``--inject`` fires there."""
-        kind = self.generator.injections.get(job.prompt)
-        counters = self.generator.counters
+        """After each of the job's steps: count its pipeline call at the first; a fault a test installed
+        (:mod:`.faults`) runs there."""
+        fault = fault_for([job.prompt])
+        counters = self.runner.counters
 
         def on_step(done: int) -> None:
             if done != 1:
                 return
             if counted:
                 counters.add("pipeline_calls")
-            if kind == "error":
-                raise InjectedFailure(f"injected failure (--inject error:{job.prompt}) after denoising step 1")
-            if kind == "oom":
-                raise torch.OutOfMemoryError(f"CUDA out of memory (injected by --inject oom:{job.prompt})")
-            if kind == "slow":
-                time.sleep(SLOW_INJECT_S)
+            if fault is not None:
+                fault()
 
         return on_step
 
@@ -198,7 +194,7 @@ class StepBatcher:
         exc = done.exception()
         if exc is not None:
             if counted:
-                self.generator.counters.add("pipeline_failures")
+                self.runner.counters.add("pipeline_failures")
             logger.error("step-batched request failed (%s, %d steps, seed %d): %s: %s", job.size, job.steps, job.seed,
                          type(exc).__name__, exc)
             answer.set_exception(exc)
@@ -208,5 +204,5 @@ class StepBatcher:
                                                     result.rows)))
 
     def _captures(self) -> int:
-        stats = self.generator.bcg_stats
+        stats = self.runner.bcg_stats
         return int(stats["captures"]) if stats else 0

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install -e \".[test,serve,ray]\"")
 
+from _faults import in_started_processes  # noqa: E402
 from _scripts import load_script  # noqa: E402
 
 from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
@@ -29,7 +30,10 @@ from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  #
 START_TIMEOUT_S = 400  # a bound on a start-up, not a speed claim (Ray and two replicas on a loaded 2-core machine)
 REQUEST_TIMEOUT_S = 120
 RESTART_TIMEOUT_S = 180
-SERVER_ARGS = "--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-n 2 --inject slow:__slow__"
+SERVER_ARGS = "--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-n 2"
+#: A request of prompt __slow__ holds its pipeline 2 s: the single server gets the rule through its launcher, the
+#: replicas (Ray's processes) through tests/fault_site (tests/_faults.py).
+FAULTS = ["slow:__slow__"]
 REPLICA_ARGS = f"{SERVER_ARGS} --replicas 2"
 #: Proxy answers for a request held by a replica that died (Ray's proxy: 500; 502/503 while it reroutes).
 DEAD_REPLICA_STATUSES = {"500", "502", "503"}
@@ -61,10 +65,11 @@ def marker_dir(tmp_path_factory):
 def servers(tmp_path_factory, marker_dir):
     """``(single, ray)``: the spawned single-process server and the spawned ``--replicas 2`` server, both ready."""
     logs = tmp_path_factory.mktemp("ray-serve")
-    single = start_server(SERVER_ARGS, logs / "single.log")
-    path = os.pathsep.join(p for p in (str(marker_dir), os.environ.get("PYTHONPATH")) if p)
-    with _environment(PYTHONPATH=path):
-        ray_server = start_server(REPLICA_ARGS, logs / "ray.log")
+    single = start_server(SERVER_ARGS, logs / "single.log", faults=FAULTS)
+    with in_started_processes(FAULTS):
+        path = os.pathsep.join(p for p in (str(marker_dir), os.environ.get("PYTHONPATH")) if p)
+        with _environment(PYTHONPATH=path):
+            ray_server = start_server(REPLICA_ARGS, logs / "ray.log")
     try:
         wait_ready([single, ray_server], START_TIMEOUT_S)
         yield single, ray_server

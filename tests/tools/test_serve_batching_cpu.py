@@ -19,14 +19,9 @@ import pytest
 import torch
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.serving.batching import (
-    BatchPolicy,
-    BatchShapes,
-    BatchStats,
-    RequestBatcher,
-    batch_key,
-    row_seeds,
-)
+from bcg_diffusion.serving.batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher, batch_key
+from bcg_diffusion.serving.calls import Batch, row_seeds
+from bcg_diffusion.serving.faults import InjectedFailure
 from bcg_diffusion.serving.png import encode_png_b64, pixel_hash
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import GenerationJob, ImageRequest, RequestLimits, RequestPlanner
@@ -34,8 +29,11 @@ from bcg_diffusion.serving.spawn import spawned_servers
 
 from _serve_http import pixels, post
 from _serve_http import stats as server_stats
+from bcg_diffusion.serving.runner import CallRunner
 from bcg_diffusion.serving.startup_warmup import run_warmup
-from bcg_diffusion.serving.worker import ImageGenerator, InjectedFailure, PipelineWorker, ServerCounters
+from bcg_diffusion.serving.worker import PipelineWorker, ServerCounters
+
+from _faults import installed
 
 ROWS = 4
 START_TIMEOUT_S = 120
@@ -65,19 +63,28 @@ def hashes(results) -> list[list[str]]:
     return [[pixel_hash(encode_png_b64(im)) for im in r.images] for r in results]
 
 
+def runner_of(planner, counters: ServerCounters | None = None) -> CallRunner:
+    return CallRunner(planner.pipe, torch.device("cpu"), counters or ServerCounters())
+
+
+def run_batch(runner: CallRunner, jobs, rows: int):
+    """The jobs as one batched call of ``rows`` rows, as the batcher runs them: one result per job."""
+    return runner.run(Batch(tuple(jobs), rows).call())
+
+
 @pytest.mark.parametrize("family", ["flux", "pixart"])  # pixart: classifier-free guidance doubles the rows
 def test_a_request_gives_the_same_image_alone_and_in_any_batch(planners, family):
     planner = planners[family]
-    generator = ImageGenerator(planner.pipe, torch.device("cpu"), ServerCounters())
+    runner = runner_of(planner)
     a = job(planner, "a red fox in the snow", 7)
     b = job(planner, "a lighthouse in a storm", 3, n=2)
     c = job(planner, "a bowl of ramen", 1)
-    (alone_a,) = hashes(generator.generate_batch([a], ROWS))
-    (alone_b,) = hashes(generator.generate_batch([b], ROWS))
-    (alone_c,) = hashes(generator.generate_batch([c], ROWS))
+    (alone_a,) = hashes(run_batch(runner, [a], ROWS))
+    (alone_b,) = hashes(run_batch(runner, [b], ROWS))
+    (alone_c,) = hashes(run_batch(runner, [c], ROWS))
     assert alone_a != alone_c and alone_b[0] != alone_b[1]  # different requests, different images
     for batch in ([a, b], [b, a], [c, b, a], [b, c, a], [a, c], [c, a, b]):  # every position, every composition
-        got = dict(zip(map(id, batch), hashes(generator.generate_batch(batch, ROWS))))
+        got = dict(zip(map(id, batch), hashes(run_batch(runner, batch, ROWS))))
         assert got[id(a)] == alone_a, [j.prompt for j in batch]
         if b in batch:
             assert got[id(b)] == alone_b, [j.prompt for j in batch]
@@ -87,9 +94,9 @@ def test_a_request_gives_the_same_image_alone_and_in_any_batch(planners, family)
 
 def test_image_i_of_a_request_is_drawn_from_seed_plus_i(planners):
     planner = planners["flux"]
-    generator = ImageGenerator(planner.pipe, torch.device("cpu"), ServerCounters())
-    (two,) = hashes(generator.generate_batch([job(planner, "a fox", 10, n=2)], ROWS))
-    (second,) = hashes(generator.generate_batch([job(planner, "a fox", 11)], ROWS))
+    runner = runner_of(planner)
+    (two,) = hashes(run_batch(runner, [job(planner, "a fox", 10, n=2)], ROWS))
+    (second,) = hashes(run_batch(runner, [job(planner, "a fox", 11)], ROWS))
     assert two[1] == second[0]
     assert row_seeds(2**64 - 1, 2) == [2**64 - 1, 0]
 
@@ -97,16 +104,16 @@ def test_image_i_of_a_request_is_drawn_from_seed_plus_i(planners):
 def test_a_batch_is_one_call_and_its_failure_fails_every_request(planners):
     planner = planners["flux"]
     counters = ServerCounters()
-    generator = ImageGenerator(planner.pipe, torch.device("cpu"), counters, {"__fail__": "error"})
+    runner = runner_of(planner, counters)
     jobs = [job(planner, "a fox", 1), job(planner, "a cat", 2, n=2)]
-    results = generator.generate_batch(jobs, ROWS)
+    results = run_batch(runner, jobs, ROWS)
     assert counters.pipeline_calls == 1 and [len(r.images) for r in results] == [1, 2]
     assert all((r.batch_requests, r.batch_rows) == (2, ROWS) for r in results)
-    with pytest.raises(InjectedFailure):
-        generator.generate_batch([jobs[0], job(planner, "__fail__", 3)], ROWS)
+    with installed(["error:__fail__"]), pytest.raises(InjectedFailure):
+        run_batch(runner, [jobs[0], job(planner, "__fail__", 3)], ROWS)
     assert (counters.pipeline_calls, counters.pipeline_failures) == (2, 1)
     with pytest.raises(ValueError, match="does not fit"):
-        generator.generate_batch([job(planner, "a", 1, n=3), job(planner, "b", 1, n=2)], ROWS)
+        run_batch(runner, [job(planner, "a", 1, n=3), job(planner, "b", 1, n=2)], ROWS)
 
 
 def test_the_batch_key_keeps_apart_what_cannot_share_a_call(planners):
@@ -134,8 +141,7 @@ def test_the_warmup_runs_batched_sizes_at_their_batch_shape(planners, monkeypatc
     shapes = BatchShapes(planner.pipe, BatchPolicy(max_batch=ROWS, work_limit=64 * 64 * 10_000), 16)
     shapes.hidden = 1  # work = latent tokens: 64x64 (16 tokens) is batched, 256x256 (256 tokens) is not
     shapes.policy = BatchPolicy(max_batch=ROWS, work_limit=100)
-    report = run_warmup(ImageGenerator(planner.pipe, torch.device("cpu"), ServerCounters()), planner,
-                        [(64, 64), (256, 256)], shapes)
+    report = run_warmup(runner_of(planner), planner, [(64, 64), (256, 256)], shapes)
     (batched_shapes, batched), (alone_shapes, alone) = seen
     assert batched_shapes == [dict(height=64, width=64)] and batched["prompt"] == [batched["prompt"][0]] * ROWS
     assert batched["num_images_per_prompt"] == 1
@@ -173,8 +179,9 @@ class _Recorder:
         self.batches, self.fail, self.delay_s = [], fail, delay_s
         self.on_call = lambda: None
 
-    def __call__(self, jobs, rows):
-        self.batches.append((list(jobs), rows))
+    def __call__(self, batch):
+        jobs = batch.jobs
+        self.batches.append((list(jobs), batch.rows))
         self.on_call()
         time.sleep(self.delay_s)
         if self.fail:
@@ -325,12 +332,13 @@ def test_stopping_refuses_the_waiting_requests():
 # a live server
 # -------------------------------------------------------------------------------------------------------
 SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-pixels 16384 "
-               f"--max-batch {ROWS} --batch-window-ms 400 --batch-work-limit 0 --inject error:__fail__")
+               f"--max-batch {ROWS} --batch-window-ms 400 --batch-work-limit 0")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with spawned_servers([SERVER_ARGS], tmp_path_factory.mktemp("serve_batching"), START_TIMEOUT_S) as (spawned,):
+    log_dir = tmp_path_factory.mktemp("serve_batching")
+    with spawned_servers([SERVER_ARGS], log_dir, START_TIMEOUT_S, faults=["error:__fail__"]) as (spawned,):
         yield spawned
 
 

@@ -1,8 +1,8 @@
 """CPU tests of scripts/serve.py and scripts/load.py: a real server on 127.0.0.1 with the tiny Flux pipeline.
 
 One server subprocess (``--port 0``) serves the whole module and is stopped at teardown; every request has a
-timeout. The server is started with ``--inject`` rules, so that prompts ``__fail__``, ``__oom__`` and
-``__slow__`` raise, raise an out-of-memory error, or sleep 2 s inside the pipeline.
+timeout. The server is started with fault rules (``spawn.start_server(..., faults=...)``), so that prompts
+``__fail__``, ``__oom__`` and ``__slow__`` raise, raise an out-of-memory error, or sleep 2 s inside the pipeline.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -36,14 +37,15 @@ from bcg_diffusion.serving.png import PNG_MAGIC  # noqa: E402
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import RequestLimits, RequestPlanner  # noqa: E402
 from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
-from bcg_diffusion.serving.startup_warmup import ServerWarmupReport, run_warmup  # noqa: E402
-from bcg_diffusion.serving.worker import ImageGenerator, ServerCounters  # noqa: E402
+from bcg_diffusion.serving.runner import CallRunner  # noqa: E402
+from bcg_diffusion.serving.startup_warmup import run_warmup  # noqa: E402
+from bcg_diffusion.serving.worker import ServerCounters  # noqa: E402
 
 START_TIMEOUT_S = 300  # a bound on a start-up, not a speed claim (a loaded 2-core machine starts slowly)
 REQUEST_TIMEOUT_S = 60
 MAX_PIXELS = 128 * 128
-SERVER_ARGS = ("--model flux --device cpu --steps 2 --warmup 64x64 --bcg --max-steps 8 --max-n 2 "
-               f"--max-pixels {MAX_PIXELS} --inject error:__fail__ --inject oom:__oom__ --inject slow:__slow__")
+SERVER_ARGS = f"--model flux --device cpu --steps 2 --warmup 64x64 --bcg --max-steps 8 --max-n 2 --max-pixels {MAX_PIXELS}"
+FAULTS = ("error:__fail__", "oom:__oom__", "slow:__slow__")
 REQUEST = {"prompt": "a red fox in the snow", "size": "64x64", "seed": 7}
 
 
@@ -57,7 +59,7 @@ def _load_script(name: str):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The URL of a running server (tiny Flux, 2 steps, warmed at 64x64); stopped after the module."""
-    spawned = start_server(SERVER_ARGS, tmp_path_factory.mktemp("serve") / "server.log")
+    spawned = start_server(SERVER_ARGS, tmp_path_factory.mktemp("serve") / "server.log", faults=FAULTS)
     try:
         wait_ready([spawned], START_TIMEOUT_S)
         yield spawned.url
@@ -341,33 +343,20 @@ def test_no_resolution_binning_reaches_the_pixart_call(tiny_pipes):
     assert "use_resolution_binning" not in call and (call["height"], call["width"]) == (80, 64)
 
 
-def _generator(planner):
-    return ImageGenerator(planner.pipe, torch.device("cpu"), ServerCounters())
+def _runner(planner):
+    return CallRunner(planner.pipe, torch.device("cpu"), ServerCounters())
 
 
 def test_warmup_calls_the_library_with_the_request_settings(monkeypatch, tiny_pipes):
     planner = _planner(tiny_pipes, "flux")
     seen = []
     monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: seen.append((pipe, shapes, call))
-                        or ServerWarmupReport(), raising=False)
-    run_warmup(_generator(planner), planner, [(64, 64), (80, 64)])
+                        or SimpleNamespace(total_s=0.0, captures=0), raising=False)
+    run_warmup(_runner(planner), planner, [(64, 64), (80, 64)])
     ((pipe, shapes, call),) = seen
     assert pipe is planner.pipe and shapes == [dict(height=64, width=64), dict(height=64, width=80)]
     assert call["num_images_per_prompt"] == 1 and call["guidance_scale"] == 3.5 and call["prompt"]
     assert not {"height", "width", "num_inference_steps", "generator"} & set(call)
-
-
-def test_warmup_without_the_library_makes_one_2_step_call_per_size(monkeypatch, tiny_pipes):
-    planner = _planner(tiny_pipes, "flux")
-    monkeypatch.delattr(bcg_diffusion, "warmup", raising=False)
-    steps = []
-    original = type(planner.pipe).__call__
-    monkeypatch.setattr(type(planner.pipe), "__call__", lambda self, *a, **kw: steps.append(
-        (kw["num_inference_steps"], kw["height"], kw["width"])) or original(self, *a, **kw))
-    report = run_warmup(_generator(planner), planner, [(64, 64), (80, 64)])
-    assert steps == [(2, 64, 64), (2, 64, 80)]
-    assert isinstance(report, ServerWarmupReport) and report.captures == 0 and report.total_s > 0
-    assert "80x64" in str(report) and "total" in str(report)
 
 
 @pytest.fixture(scope="module")
@@ -379,7 +368,7 @@ def serve_script():
     (["--warmup", "64"], "WIDTHxHEIGHT"),
     (["--model", "wan"], "makes videos"),
     (["--model", "no-such-model"], "unknown family"),
-    (["--inject", "boom"], "KIND:PROMPT"),
+    (["--inject", "error:x"], "unrecognized arguments: --inject"),  # fault rules are the tests' (fault_server.py)
     (["--max-steps", "0"], "--max-steps must be >= 1"),
     (["--port", "70000"], "--port"),
     (["--size", "full"], "--yes"),  # the no-CUDA refusal: CUDA is hidden (with CUDA it would build the full model)
@@ -387,6 +376,15 @@ def serve_script():
 def test_serve_bad_options_exit_2_before_building(serve_script, capsys, hide_cuda, argv, needle):
     assert serve_script.main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_fault_server_refuses_a_malformed_rule_and_replicas(capsys):
+    from bcg_diffusion.serving import fault_server
+
+    assert fault_server.main(["--fault", "boom", "--", "--model", "flux"]) == 2
+    assert "KIND:PROMPT" in capsys.readouterr().err
+    assert fault_server.main(["--fault", "error:x", "--", "--replicas", "2"]) == 2
+    assert "Ray's replicas" in capsys.readouterr().err
 
 
 def test_serve_refuses_a_warmup_size_the_model_cannot_make(serve_script, capsys):

@@ -19,7 +19,7 @@ from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
 START_TIMEOUT_S = 300
 WARMED = ("64x64", "80x64")
 STEPS = 3  # the servers' --steps; Flux (guidance-distilled) and PixArt (batched CFG) make one call per step
-INJECT = "--inject oom:__oom__ --inject error:__fail__"
+FAULTS = ("oom:__oom__", "error:__fail__")
 FAMILY_ARGS = {
     "flux": f"--model flux --device cuda --steps {STEPS} --max-n 2 --warmup {','.join(WARMED)}",
     "pixart": f"--model pixart --device cuda --steps {STEPS} --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
@@ -36,9 +36,9 @@ REQUESTS = [
 @pytest.fixture(scope="module", params=list(FAMILY_ARGS))
 def servers(request, tmp_path_factory):
     """``(family, eager URL, BCG URL)``; both servers stopped when the family's tests are done."""
-    args = f"{FAMILY_ARGS[request.param]} {INJECT}"
+    args = FAMILY_ARGS[request.param]
     log_dir = tmp_path_factory.mktemp(f"serve-{request.param}")
-    with spawned_servers([args, f"{args} --bcg"], log_dir, START_TIMEOUT_S) as (eager, bcg):
+    with spawned_servers([args, f"{args} --bcg"], log_dir, START_TIMEOUT_S, faults=FAULTS) as (eager, bcg):
         yield request.param, eager.url, bcg.url
 
 

@@ -33,7 +33,9 @@ from bcg_diffusion.serving.png import encode_png_b64  # noqa: E402
 from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
 from bcg_diffusion.serving.server_build import build_server, make_planner  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
-from bcg_diffusion.serving.worker import ImageGenerator, ServerCounters  # noqa: E402
+from bcg_diffusion.serving.calls import Batch  # noqa: E402
+from bcg_diffusion.serving.runner import CallRunner  # noqa: E402
+from bcg_diffusion.serving.worker import ServerCounters  # noqa: E402
 
 from _loras import ADAPTERS, unknown_module, write_adapters, wrong_shapes  # noqa: E402
 
@@ -115,22 +117,23 @@ def _twin_image(path: Path, name: str, scale: float | None, planner) -> str:
     if scale is not None:
         pipe.set_adapters(name, scale)
     job = planner.parse(json.dumps(BODY).encode())
-    (picture,) = ImageGenerator(pipe, torch.device("cpu"), ServerCounters()).generate(job).images
+    (result,) = CallRunner(pipe, torch.device("cpu"), ServerCounters()).run(Batch.alone(job).call())
+    (picture,) = result.images
     return encode_png_b64(picture)
 
 
 @pytest.mark.parametrize("name, scale", [("anime", None), ("sketch", None), ("noir", None), ("sketch", 0.5)])
 def test_an_adapter_equals_a_twin_with_diffusers_load_lora_weights(loras, adapted, name, scale):
     client, state = adapted
-    planner = make_planner(state.generator.pipe, pipelines.get_family("flux"), _plan(),
-                           pixel_granularity(state.generator.pipe, 16))
+    planner = make_planner(state.runner.pipe, pipelines.get_family("flux"), _plan(),
+                           pixel_granularity(state.runner.pipe, 16))
     served = image(client, model=name, **({} if scale is None else {"lora_scale": scale}))
     assert served == _twin_image(loras[name], name, scale, planner)
 
 
 def test_unknown_model_is_a_404_and_lora_scale_needs_an_adapter(adapted):
     client, state = adapted
-    calls = state.generator.counters.pipeline_calls
+    calls = state.runner.counters.pipeline_calls
     response = client.post(PATH, json={**BODY, "model": "no-such-lora"})
     assert response.status_code == 404, response.text
     error = response.json()["error"]
@@ -140,7 +143,7 @@ def test_unknown_model_is_a_404_and_lora_scale_needs_an_adapter(adapted):
                            ({"model": "anime", "lora_scale": "1"}, "lora_scale")):
         response = client.post(PATH, json={**BODY, **fields})
         assert response.status_code == 400 and needle in response.json()["error"]["message"], response.text
-    assert state.generator.counters.pipeline_calls == calls  # none reached the pipeline
+    assert state.runner.counters.pipeline_calls == calls  # none reached the pipeline
 
 
 def test_models_lists_the_base_model_and_every_adapter(adapted):
@@ -270,18 +273,21 @@ def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys)
 
 def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
     _, state = adapted
-    planner, generator = state.planner, state.generator
+    planner, runner = state.planner, state.runner
 
     def job(**fields):
         return planner.parse(json.dumps({**BODY, **fields}).encode())
 
+    def run(jobs, rows):
+        return runner.run(Batch(tuple(jobs), rows).call())
+
     pair = [job(model="sketch", seed=1), job(model="sketch", seed=2)]
-    batched = [encode_png_b64(r.images[0]) for r in generator.generate_batch(pair, rows=3)]
-    assert batched == [encode_png_b64(generator.generate_batch([j], rows=3)[0].images[0]) for j in pair]
+    batched = [encode_png_b64(r.images[0]) for r in run(pair, rows=3)]
+    assert batched == [encode_png_b64(run([j], rows=3)[0].images[0]) for j in pair]
     with pytest.raises(ValueError, match="different adapters"):
-        generator.generate_batch([job(model="sketch"), job(model="noir")], rows=2)
+        run([job(model="sketch"), job(model="noir")], rows=2)
     with pytest.raises(ValueError, match="different adapters"):
-        generator.generate_batch([job(model="sketch"), job(model="sketch", lora_scale=0.5)], rows=2)
+        run([job(model="sketch"), job(model="sketch", lora_scale=0.5)], rows=2)
 
 
 def test_a_replica_state_serves_the_adapters_too(loras):
@@ -293,6 +299,6 @@ def test_a_replica_state_serves_the_adapters_too(loras):
     state = build_server_state(args)
     try:
         assert state.model_ids() == [BASE, "anime", "noir"]
-        assert state.generator.adapters is not None and state.generator.adapter_stats["gpu_slots"] == 1
+        assert state.runner.adapters is not None and state.runner.adapter_stats["gpu_slots"] == 1
     finally:
         stop_server_state(state)

@@ -59,7 +59,8 @@ def _images(state, mix) -> list[str]:
         body = {"prompt": "a red fox in the snow", "size": size, "seed": seed}
         body.update({} if model is None else {"model": model}, **({} if scale is None else {"lora_scale": scale}))
         job = state.planner.parse(json.dumps(body).encode())
-        (picture,) = state.worker.submit(lambda job=job: state.generator.generate(job)).result().images
+        _started, result = state.submit(job).result()
+        (picture,) = result.images
         hashes.append(hashlib.sha256(picture.tobytes()).hexdigest())
     state.stop()
     return hashes
@@ -76,13 +77,13 @@ def test_base_and_four_adapters_mixed_replay_without_capture_and_equal_eager(lor
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     state = _served(loras, accelerate=True)
-    pipe = state.generator.pipe
+    pipe = state.runner.pipe
     before = counters(pipe)
     captures_warm = bcg_diffusion.get_stats(pipe).captures
     assert captures_warm >= 2 * len(SIZES), bcg_diffusion.get_stats(pipe)  # base and adapter keys, every size
     served = _images(state, MIX)
     assert_replayed(pipe, calls=STEPS * len(MIX), before=before)  # no capture, every call a replay
-    stats = state.generator.adapter_stats
+    stats = state.runner.adapter_stats
     assert stats["captures_after_warmup"] == 0 and stats["swaps"] > 0, stats
     assert stats["base_requests"] == 3 and stats["adapters"]["lora1"]["requests"] == 2, stats
 

@@ -16,8 +16,9 @@ import httpx
 import openai
 import pytest
 
-from bcg_diffusion.serving.app import MODELS_PATH, OWNED_BY, ServerState, create_app
+from bcg_diffusion.serving.app import MODELS_PATH, OWNED_BY, create_app
 from bcg_diffusion.serving.catalog import ModelCatalog
+from bcg_diffusion.serving.state import ServerState
 from bcg_diffusion.serving.listen import BAD_HTTP_MESSAGE
 from bcg_diffusion.serving.spawn import spawned_servers
 
@@ -179,7 +180,7 @@ def test_a_bad_content_length_is_a_400_in_the_openai_format(server, header):
 # -- in-process: the 422 of a route with typed parameters, the models hook ------------------------------------
 def _stub_state(ids):
     planner = SimpleNamespace(catalog=ModelCatalog(ids[0], tuple(ids[1:])))
-    return ServerState(planner=planner, worker=None, generator=None, counters=None, info={}, max_queue=1)
+    return ServerState(planner=planner, worker=None, runner=None, counters=None, info={}, max_queue=1)
 
 
 def test_validation_errors_and_unexpected_errors_use_the_openai_format():

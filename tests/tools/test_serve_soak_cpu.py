@@ -1,4 +1,4 @@
-"""The server soak (bcg_diffusion/serving/soak.py) on the CPU: its mix, the server options it adds, and a short soak
+"""The server soak (bcg_diffusion/serving/soak.py) on the CPU: its mix, the server options and fault rules it adds, and a short soak
 of a live tiny Flux server (40 requests: images of two sizes, n 1 and 2, a LoRA adapter, batching, bad requests,
 injected faults, clients that disconnect, a client that sends its body slowly) with every check of the full run
 (GPU memory: not measured without a GPU). The server listens on 127.0.0.1 and is stopped by the soak."""
@@ -22,7 +22,7 @@ def test_the_mix_is_seeded_and_holds_every_kind():
     assert len({r.identity for r in images}) <= 4 and {r.body["size"] for r in images} == {"32x32", "32x48"}
     assert {r.body.get("model", "") for r in images} == {"", "soak1"} and {r.body["n"] for r in images} == {1, 2}
     faults = [r for r in requests if r.kind in ("fault_error", "fault_oom")]
-    assert all(r.body["num_inference_steps"] == 2 and r.body["prompt"] in soak.INJECT_PROMPTS.values() for r in faults)
+    assert all(r.body["num_inference_steps"] == 2 and r.body["prompt"] in soak.FAULT_PROMPTS.values() for r in faults)
     assert all(r.raw is not None and r.expect in ((400,), (404,)) for r in requests if r.kind == "bad")
     assert [r.expect for r in requests if r.kind == "disconnect"] == [()] * 2
 
@@ -31,7 +31,8 @@ def test_the_server_gets_what_the_mix_needs_without_losing_its_own_options():
     args = argparse.Namespace(sizes="32x32,32x48", concurrency=8)
     words = soak.server_arguments(["--model", "flux", "--max-batch", "2"], args, {"soak1": "/tmp/a"})
     assert words[:4] == ["--model", "flux", "--max-batch", "2"] and words.count("--max-batch") == 1
-    assert "--lora" in words and "soak1=/tmp/a" in words and words.count("--inject") == 3
+    assert "--lora" in words and "soak1=/tmp/a" in words
+    assert soak.fault_rules() == [f"{k}:{p}" for k, p in soak.FAULT_PROMPTS.items()]  # the server's, not options
     assert words[words.index("--warmup") + 1] == "32x32,32x48"
     assert soak._dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n") == b"abcde"
     gone = soak.wait_idle("http://127.0.0.1:1", 1.0)  # a server that stopped answering is reported, not raised

@@ -34,7 +34,11 @@ from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import ImageRequest, RequestLimits, RequestPlanner
 from bcg_diffusion.serving.step_batching import StepBatcher
 from bcg_diffusion.serving.stepping import StepConfig, StepError
-from bcg_diffusion.serving.worker import ImageGenerator, InjectedFailure, PipelineWorker, ServerCounters
+from bcg_diffusion.serving.faults import InjectedFailure
+from bcg_diffusion.serving.runner import CallRunner
+from bcg_diffusion.serving.worker import PipelineWorker, ServerCounters
+
+from _faults import installed
 
 ROWS = 3
 TIMEOUT_S = 120
@@ -54,10 +58,11 @@ def planner():
 @pytest.fixture
 def batcher(planner):
     worker = PipelineWorker()
-    generator = ImageGenerator(planner.pipe, torch.device("cpu"), ServerCounters(), {"boom": "error"})
+    runner = CallRunner(planner.pipe, torch.device("cpu"), ServerCounters())
     shapes = BatchShapes(planner.pipe, BatchPolicy(ROWS), planner.limits.granularity)
-    step = StepBatcher(worker, generator, shapes, StepConfig(rows=ROWS))
-    yield step
+    step = StepBatcher(worker, runner, shapes, StepConfig(rows=ROWS))
+    with installed(["error:boom"]):
+        yield step
     step.stop()
     worker.stop()
 
@@ -73,7 +78,7 @@ def hashes(future) -> list[str]:
 
 def test_the_step_batcher_answers_each_request_as_alone_and_confines_a_failure(planner, batcher):
     report = batcher.warm(planner, [(64, 64)])
-    assert report.sizes == ["64x64"] and report.captures == 0 and batcher.generator.counters.pipeline_calls == 0
+    assert report.sizes == ["64x64"] and report.captures == 0 and batcher.runner.counters.pipeline_calls == 0
     jobs = [job(planner, "a red fox", 1), job(planner, "a lighthouse", 2, "64x128"), job(planner, "boom", 3),
             job(planner, "ramen", 4, steps=5), job(planner, "a red fox", 5), job(planner, "a boat", 6, "64x128")]
     futures = [batcher.submit(j) for j in jobs]
@@ -82,7 +87,7 @@ def test_the_step_batcher_answers_each_request_as_alone_and_confines_a_failure(p
     together = {i: hashes(f) for i, f in enumerate(futures) if i != 2}
     for i, together_hashes in together.items():
         assert hashes(batcher.submit(jobs[i])) == together_hashes, jobs[i].prompt  # alone: the same image
-    counters = batcher.generator.counters
+    counters = batcher.runner.counters
     assert counters.pipeline_calls == 6 + 5 and counters.pipeline_failures == 1 and batcher.pending == 0
     snapshot = batcher.stats.snapshot()
     assert snapshot["mode"] == "step" and snapshot["max_batch"] == ROWS and snapshot["requests"]["failed"] == 1

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from _faults import installed
 from _serve_http import pixels
 from bcg_diffusion.benchmarks.stack import stack_bench
 from bcg_diffusion.benchmarks.stack.layers import layer_modes
@@ -150,7 +151,7 @@ def test_the_warmup_plan_follows_the_stack():
 # -------------------------------------------------------------------------------------------------------
 # a stacked server: batching off with a step cache, the stack named, its state reset before every call
 # -------------------------------------------------------------------------------------------------------
-STACKED = "--model flux --device cpu --steps 4 --cache fbc:0.5 --max-batch 4 --bcg --inject error:__fail__"
+STACKED = "--model flux --device cpu --steps 4 --cache fbc:0.5 --max-batch 4 --bcg"
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +201,9 @@ def test_a_failed_call_leaves_no_cache_state_behind(capsys):
     """PixArt's MagCache hooks (diffusers' apply_mag_cache: no CacheMixin) keep their state after a call that
     failed half-way; the server resets it before every call, so the next image is the one it would have been."""
     state = build_server_state(parse_server_args(
-        "--model pixart --device cpu --steps 4 --no-resolution-binning --cache magcache --inject error:__fail__"))
+        "--model pixart --device cpu --steps 4 --no-resolution-binning --cache magcache"))
     try:
-        with TestClient(create_app(state)) as client:
+        with installed(["error:__fail__"]), TestClient(create_app(state)) as client:
             post = lambda prompt: client.post("/v1/images/generations", json={"prompt": prompt, "seed": 5})  # noqa: E731
             before = pixels(post("a red fox"))
             assert post("__fail__").status_code == 500
