@@ -1,0 +1,55 @@
+"""The pipeline zoo: every diffusers pipeline class that runs a transformer, built from tiny components offline.
+
+Public API::
+
+    pipeline_cases() -> list[PipelineCase]          one case per buildable class
+    build(case, device, dtype, seed)                the pipeline (random weights, equal for one seed on any device)
+    call_kwargs(case, pipe, seed, steps)            keyword arguments of a call of the class's own path
+    transformer_pipelines() -> {name: PipelineClass}   derived from the installed diffusers
+    NOT_BUILT                                       classes of that list with no case, and why
+
+The transformer zoo (:mod:`bcg_pipelines.zoo`) covers the models; this covers the pipelines' own loops
+(guidance, image latents per step, masks, control residuals, reference frames). See docs/pipelines.md.
+"""
+
+from __future__ import annotations
+
+from .case import OUTPUTS_PER_PROMPT, PipelineCase, build, call_kwargs, outputs_per_prompt_kwarg, parameters
+from .catalog import PipelineClass, transformer_pipelines
+from .not_built import NOT_BUILT
+
+__all__ = [
+    "NOT_BUILT",
+    "OUTPUTS_PER_PROMPT",
+    "PipelineCase",
+    "PipelineClass",
+    "build",
+    "call_kwargs",
+    "get_case",
+    "outputs_per_prompt_kwarg",
+    "parameters",
+    "pipeline_cases",
+    "transformer_pipelines",
+]
+
+_CASE_MODULES = ("cases_flux", "cases_sd3", "cases_pixart_sana", "cases_wan")
+
+
+def pipeline_cases() -> list[PipelineCase]:
+    """Every case, in module order; ``ValueError`` if two cases name the same class (a programming error)."""
+    import importlib
+
+    cases = [case for name in _CASE_MODULES for case in importlib.import_module(f"{__name__}.{name}").CASES]
+    names = [case.pipeline for case in cases]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"pipeline zoo cases of the same class: {', '.join(duplicates)}")
+    return cases
+
+
+def get_case(name: str) -> PipelineCase:
+    """The case of pipeline class ``name``; ``KeyError`` naming the classes with a case otherwise."""
+    cases = {case.pipeline: case for case in pipeline_cases()}
+    if name not in cases:
+        raise KeyError(f"no pipeline zoo case for {name!r}; the cases are: {', '.join(sorted(cases))}")
+    return cases[name]

@@ -1,0 +1,161 @@
+"""Seeded makers of tiny pipeline components (models, tokenizers, schedulers) on one device and dtype.
+
+Every model is constructed on the CPU in float32 with torch's RNG seeded for its component name, then moved and
+cast, so the same ``seed`` gives bitwise the same weights on every device: an accelerated pipeline and its eager
+twin built with one seed hold equal weights. Diffusers models (transformers, controlnets, adapters) get small
+random values where their init leaves a parameter all zero (zero-initialised output projections and control
+blocks), so every layer shapes the output; their buffers are cast like ``from_pretrained(torch_dtype=...)``
+casts them and the class's ``_keep_in_fp32_modules`` stay float32. Text encoders keep their float32 buffers
+(RoPE tables), as transformers loads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import zlib
+from typing import Any, Mapping
+
+import torch
+
+from ..text_encoders import build_text_encoder, build_tokenizer, preset
+from ..zoo.case import _fill_zero_parameters, _keep_fp32_modules, _ZeroedEmpty
+
+__all__ = ["Parts", "diffusers_class", "transformers_class"]
+
+
+def diffusers_class(name: str) -> type:
+    """``diffusers.<name>`` (``AttributeError`` naming it when this diffusers has no such export)."""
+    return getattr(importlib.import_module("diffusers"), name)
+
+
+def transformers_class(name: str) -> type:
+    return getattr(importlib.import_module("transformers"), name)
+
+
+def _component_seed(seed: int, name: str) -> int:
+    return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Torch's CPU RNG seeded for the block, the caller's state restored after; ``torch.empty`` gives zeros."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _ZeroedEmpty():
+        torch.manual_seed(seed)
+        yield
+
+
+class Parts:
+    """Makers of one pipeline's components at ``seed`` on ``device`` in ``dtype`` (see the module docstring)."""
+
+    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.seed = seed
+
+    # -- placing ------------------------------------------------------------------------------------
+    def _place_diffusers(self, model: torch.nn.Module, name: str, fill_zeros: bool) -> torch.nn.Module:
+        if fill_zeros:
+            _fill_zero_parameters(model, torch.Generator("cpu").manual_seed(_component_seed(self.seed, name + "/zeros")))
+        model = torch.nn.Module.to(model, device=self.device, dtype=self.dtype)  # torch's own: no fp32 warning
+        _keep_fp32_modules(model, self.dtype)
+        return model.eval().requires_grad_(False)
+
+    def _place_encoder(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.device)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.is_floating_point() and param.dtype != self.dtype:
+                    param.data = param.data.to(self.dtype)
+        return model.eval().requires_grad_(False)
+
+    # -- diffusers models -----------------------------------------------------------------------------
+    def model(self, name: str, cls: type | str, config: Mapping[str, Any] | None = None, *,
+              fill_zeros: bool = True) -> torch.nn.Module:
+        """A diffusers model (``cls`` or its name in ``diffusers``) for component ``name``, from ``config``."""
+        cls = diffusers_class(cls) if isinstance(cls, str) else cls
+        with _seeded(_component_seed(self.seed, name)):
+            model = cls(**dict(config or {}))
+        return self._place_diffusers(model, name, fill_zeros)
+
+    def vae(self, cls: type | str, config: Mapping[str, Any] | None = None, name: str = "vae") -> torch.nn.Module:
+        """A VAE: as :meth:`model`, its init left as it is (no zero filling)."""
+        return self.model(name, cls, config, fill_zeros=False)
+
+    # -- text encoders and tokenizers -----------------------------------------------------------------
+    def tokenizer(self, style: str, max_length: int = 512):
+        """A local tokenizer of ``style`` (``clip``, ``t5``, ``gemma``, ``qwen2``, ``qwen3``, ``llama3``, ``mistral``)."""
+        return build_tokenizer(style, max_length)
+
+    def text_encoder(self, name: str, kind: str, preset_name: str | None = None, tokenizer=None,
+                     **overrides: Any) -> torch.nn.Module:
+        """A text encoder of a :data:`bcg_pipelines.text_encoders.KINDS` kind, with the config of preset
+        ``preset_name`` updated by ``overrides`` and the token ids of ``tokenizer``."""
+        config = preset(preset_name) if preset_name else {}
+        config.update(overrides)
+        with _seeded(_component_seed(self.seed, name)):
+            model = build_text_encoder(kind, config, tokenizer)
+        return self._place_encoder(model)
+
+    def transformers_model(self, name: str, model_class: str, config_class: str, **config: Any) -> torch.nn.Module:
+        """Any transformers model from its config class (image encoders, encoders the presets lack)."""
+        cfg = transformers_class(config_class)(**config)
+        with _seeded(_component_seed(self.seed, name)):
+            model = transformers_class(model_class)(cfg)
+        return self._place_encoder(model)
+
+    # -- schedulers -----------------------------------------------------------------------------------
+    @staticmethod
+    def scheduler(cls: type | str, **config: Any):
+        cls = diffusers_class(cls) if isinstance(cls, str) else cls
+        return cls(**config)
+
+    # -- the components of a known family -------------------------------------------------------------
+    def family(self, family: str, transformer: Mapping[str, Any] | None = None, *,
+               transformer_class: str | None = None, scheduler: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every component of a :mod:`bcg_pipelines.family_specs` family at its tiny size: its text encoders and
+        tokenizers, VAE and scheduler, and its transformer with ``transformer`` overriding config keys
+        (``transformer_class`` another class on the same config, e.g. the VACE variant of Wan)."""
+        from ..registry import get_family
+
+        spec = get_family(family)
+        components: dict[str, Any] = {}
+        for te in spec.text_encoders:
+            components[te.tokenizer_component] = tokenizer = self.tokenizer(te.tokenizer_style, te.max_length)
+            components[te.component] = self.text_encoder(te.component, te.kind, te.tiny_preset, tokenizer)
+        components["vae"] = self.vae(spec.vae_class, spec.tiny.vae)
+        config = {**spec.tiny.transformer, **(transformer or {})}
+        components["transformer"] = self.model("transformer", transformer_class or spec.transformer_class, config)
+        components["scheduler"] = self.scheduler(spec.scheduler_class, **{**spec.scheduler_config, **(scheduler or {})})
+        components.update(spec.extra_components)
+        return components
+
+    # -- image encoders and processors ----------------------------------------------------------------
+    def clip_vision(self, name: str = "image_encoder", hidden: int = 32, image_size: int = 32,
+                    projection: bool = False, **config: Any) -> torch.nn.Module:
+        """A tiny CLIP vision tower (``CLIPVisionModel``, or ``...WithProjection`` with ``projection``): 2 layers,
+        patches of 8 px."""
+        model_class = "CLIPVisionModelWithProjection" if projection else "CLIPVisionModel"
+        settings = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=2,
+                        image_size=image_size, patch_size=8, projection_dim=hidden) | config
+        return self.transformers_model(name, model_class, "CLIPVisionConfig", **settings)
+
+    @staticmethod
+    def clip_image_processor(size: int = 32):
+        """A ``CLIPImageProcessor`` that resizes and crops to ``size`` px (CLIP's mean and std)."""
+        from transformers import CLIPImageProcessor
+
+        return CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+
+    def siglip_vision(self, name: str = "image_encoder", hidden: int = 32, image_size: int = 32,
+                      **config: Any) -> torch.nn.Module:
+        """A tiny SigLIP vision tower (``SiglipVisionModel``): 2 layers, patches of 8 px."""
+        settings = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=2,
+                        image_size=image_size, patch_size=8) | config
+        return self.transformers_model(name, "SiglipVisionModel", "SiglipVisionConfig", **settings)
+
+    @staticmethod
+    def siglip_image_processor(size: int = 32):
+        from transformers import SiglipImageProcessor
+
+        return SiglipImageProcessor(size={"height": size, "width": size})
