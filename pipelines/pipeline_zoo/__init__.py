@@ -32,7 +32,7 @@ __all__ = [
     "transformer_pipelines",
 ]
 
-_CASE_MODULES = ("cases_flux", "cases_sd3", "cases_pixart_sana", "cases_wan")
+_CASE_MODULES = ("cases_flux", "cases_sd3", "cases_pixart_sana", "cases_wan", "cases_qwen")
 
 
 def pipeline_cases() -> list[PipelineCase]:

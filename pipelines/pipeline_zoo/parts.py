@@ -159,3 +159,57 @@ class Parts:
         from transformers import SiglipImageProcessor
 
         return SiglipImageProcessor(size={"height": size, "width": size})
+
+    # -- vision-language text encoders (Qwen2-VL style processors) ----------------------------------------
+    @staticmethod
+    def vl_tokenizer(style: str = "qwen2", max_length: int = 32768):
+        """A local Qwen tokenizer with the vision tokens the VL processors and chat templates use."""
+        tokenizer = build_tokenizer(style, max_length)
+        tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)},
+                                     replace_extra_special_tokens=False)
+        return tokenizer
+
+    @staticmethod
+    def vl_processor(tokenizer, processor_class: str = "Qwen2VLProcessor", image_processor_class: str =
+                     "Qwen2VLImageProcessor", max_pixels: int = 28 * 28 * 16, patch_size: int = 14, **extra: Any):
+        """A Qwen-VL processor of ``tokenizer`` whose image processor makes at most ``max_pixels`` per image (16
+        patches of 14 px by default), without a video processor (transformers' video processors need torchvision;
+        the pipelines pass images only). transformers' constructor insists on every sub-processor, so the object
+        is assembled attribute by attribute; its ``__call__`` is transformers' own."""
+        image_processor = transformers_class(image_processor_class)(
+            min_pixels=patch_size * patch_size * 4 * 4, max_pixels=max_pixels, patch_size=patch_size)
+        processor = object.__new__(transformers_class(processor_class))
+        processor.image_processor, processor.tokenizer, processor.video_processor = image_processor, tokenizer, None
+        processor.chat_template = getattr(tokenizer, "chat_template", None)
+        processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
+        processor.image_token_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+        processor.video_token_id = tokenizer.convert_tokens_to_ids(processor.video_token)
+        for name, value in extra.items():
+            setattr(processor, name, value)
+        return processor
+
+    @staticmethod
+    def vision_token_ids(tokenizer) -> dict[str, int]:
+        """The ids a Qwen-VL config needs (image, video, vision start and end)."""
+        ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+        return dict(vision_start_token_id=ids[0], vision_end_token_id=ids[1], image_token_id=ids[2],
+                    video_token_id=ids[3])
+
+    def qwen25_vl(self, name: str, tokenizer, hidden: int = 32, model_class: str | None = None) -> torch.nn.Module:
+        """A tiny Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``, or ``model_class`` on the same config) of
+        text width ``hidden`` whose vision tokens match ``tokenizer``."""
+        config = preset("qwen2_5_vl_tiny")
+        config["text_config"].update(hidden_size=hidden, intermediate_size=2 * hidden)
+        config["vision_config"].update(out_hidden_size=hidden)
+        config.update(self.vision_token_ids(tokenizer))
+        kind = "qwen2_5_vl"
+        with _seeded(_component_seed(self.seed, name)):
+            model = build_text_encoder(kind, config, tokenizer)
+        if model_class is not None:
+            with _seeded(_component_seed(self.seed, name)):
+                model = transformers_class(model_class)(model.config)
+        return self._place_encoder(model)
+
+
+#: The vision tokens of Qwen-VL vocabularies, in the order :meth:`Parts.vision_token_ids` reads them.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
