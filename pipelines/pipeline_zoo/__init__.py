@@ -26,6 +26,7 @@ __all__ = [
     "build",
     "call_kwargs",
     "get_case",
+    "group_of",
     "outputs_per_prompt_kwarg",
     "parameters",
     "pipeline_cases",
@@ -53,3 +54,11 @@ def get_case(name: str) -> PipelineCase:
     if name not in cases:
         raise KeyError(f"no pipeline zoo case for {name!r}; the cases are: {', '.join(sorted(cases))}")
     return cases[name]
+
+
+def group_of(case: PipelineCase) -> str:
+    """The family group of a case: its ``group``, else the ``diffusers.pipelines`` folder of its class."""
+    if case.group:
+        return case.group
+    found = transformer_pipelines().get(case.pipeline)
+    return found.folder if found is not None else ""
