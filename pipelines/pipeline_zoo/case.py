@@ -33,6 +33,8 @@ class PipelineCase:
         note: what the call exercises, or why it is shaped so.
         group: the family group (the ``diffusers.pipelines`` folder) when it differs from the class's own
             (PAG and ControlNet classes live in folders of their own).
+        dtype: the one dtype the class runs in, where it hard-codes one (``None``: any); :func:`build` uses it
+            whatever dtype is asked for.
     """
 
     pipeline: str
@@ -42,6 +44,7 @@ class PipelineCase:
     two_outputs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     note: str = ""
     group: str = ""
+    dtype: torch.dtype | None = None
 
     @property
     def pipeline_class(self) -> type:
@@ -50,9 +53,9 @@ class PipelineCase:
 
 def build(case: PipelineCase, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
           seed: int = 0):
-    """The pipeline of ``case`` with random weights drawn for ``seed`` (equal weights on every device), progress
-    bars off. torch's global RNG state is left as it was."""
-    components = case.components(Parts(device, dtype, seed))
+    """The pipeline of ``case`` with random weights drawn for ``seed`` (equal weights on every device), in
+    ``dtype`` (the case's own where it has one), progress bars off. torch's global RNG state is left as it was."""
+    components = case.components(Parts(device, case.dtype or dtype, seed))
     pipe = case.pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
     return pipe

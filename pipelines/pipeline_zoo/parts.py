@@ -18,10 +18,14 @@ from typing import Any, Mapping
 
 import torch
 
-from ..text_encoders import build_text_encoder, build_tokenizer, preset
+from ..text_encoders import TINY_VOCAB, build_text_encoder, build_tokenizer, preset
 from ..zoo.case import _fill_zero_parameters, _keep_fp32_modules, _ZeroedEmpty
 
 __all__ = ["Parts", "diffusers_class", "transformers_class"]
+
+
+#: The vision tokens of Qwen-VL vocabularies, in the order :meth:`Parts.vision_token_ids` reads them.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 
 def diffusers_class(name: str) -> type:
@@ -211,5 +215,12 @@ class Parts:
         return self._place_encoder(model)
 
 
-#: The vision tokens of Qwen-VL vocabularies, in the order :meth:`Parts.vision_token_ids` reads them.
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+    def language_model(self, name: str, model_class: str, config_class: str, tokenizer, **config: Any) -> torch.nn.Module:
+        """A transformers language model (``Qwen3ForCausalLM``, ``GemmaModel``, ...) whose pad, bos and eos ids are
+        the local ``tokenizer``'s and whose vocabulary holds it (``vocab_size`` at least the tokenizer's length)."""
+        ids = {f"{key}_token_id": getattr(tokenizer, f"{key}_token_id", None) for key in ("pad", "bos", "eos")}
+        config = {"vocab_size": TINY_VOCAB, **ids, **config}
+        if len(tokenizer) > config["vocab_size"]:
+            raise ValueError(f"{name}: the tokenizer has {len(tokenizer)} ids, more than the vocabulary "
+                             f"{config['vocab_size']}")
+        return self.transformers_model(name, model_class, config_class, **config)
