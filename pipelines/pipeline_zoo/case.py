@@ -35,6 +35,8 @@ class PipelineCase:
             (PAG and ControlNet classes live in folders of their own).
         dtype: the one dtype the class runs in, where it hard-codes one (``None``: any); :func:`build` uses it
             whatever dtype is asked for.
+        setup: ``setup(pipe)`` after construction, for a size the class keeps in an instance attribute (HiDream
+            rescales every request to ``default_sample_size`` squared latents).
     """
 
     pipeline: str
@@ -45,6 +47,7 @@ class PipelineCase:
     note: str = ""
     group: str = ""
     dtype: torch.dtype | None = None
+    setup: Callable[[Any], None] | None = None
 
     @property
     def pipeline_class(self) -> type:
@@ -58,6 +61,11 @@ def build(case: PipelineCase, device: torch.device | str = "cpu", dtype: torch.d
     components = case.components(Parts(device, case.dtype or dtype, seed))
     pipe = case.pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
+    for value in vars(pipe).values():  # sub-pipelines a class builds for itself (VisualCloze's upsampling)
+        if hasattr(value, "set_progress_bar_config") and value is not pipe:
+            value.set_progress_bar_config(disable=True)
+    if case.setup is not None:
+        case.setup(pipe)
     return pipe
 
 

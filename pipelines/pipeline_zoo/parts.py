@@ -224,3 +224,28 @@ class Parts:
             raise ValueError(f"{name}: the tokenizer has {len(tokenizer)} ids, more than the vocabulary "
                              f"{config['vocab_size']}")
         return self.transformers_model(name, model_class, config_class, **config)
+
+    # -- more tokenizers and VAEs ---------------------------------------------------------------------------
+    @staticmethod
+    def bert_tokenizer(max_length: int = 77):
+        """A WordPiece ``BertTokenizer`` over the local word list (``[PAD]`` 0, whole words, then characters and
+        ``##`` continuations), lower-casing like bert-base-uncased."""
+        from transformers import BertTokenizer
+
+        from ..tokenizers import WORDS
+
+        vocab: dict[str, int] = {}
+        pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+        chars = [chr(c) for c in range(33, 127)]
+        pieces += chars + ["##" + c for c in chars]
+        for piece in pieces:
+            vocab.setdefault(piece.lower() if not piece.startswith("[") else piece, len(vocab))
+        return BertTokenizer(vocab=vocab, model_max_length=max_length)
+
+    def kl_vae(self, latent_channels: int = 4, levels: int = 4, name: str = "vae", **config: Any) -> torch.nn.Module:
+        """A tiny ``AutoencoderKL`` (16 channels per level, one layer per block) with ``latent_channels`` and a scale
+        factor of ``2 ** (levels - 1)``."""
+        settings = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * levels,
+                        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=(16,) * levels,
+                        layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8, sample_size=64)
+        return self.vae("AutoencoderKL", settings | config, name=name)
