@@ -51,3 +51,14 @@ class Media:
         """A standard-normal tensor on ``device`` (embeddings, audio)."""
         values = torch.from_numpy(self._rng.standard_normal(shape).astype(np.float32))
         return values.to(self.device, dtype or self.dtype)
+
+    def video_tensor(self, frames: int, height: int, width: int) -> torch.Tensor:
+        """A video as one ``(1, 3, frames, height, width)`` float tensor in [0, 1] (pipelines that take tensors)."""
+        frames_list = [torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+                       for img in self.video(frames, height, width)]
+        return torch.stack(frames_list, dim=1).unsqueeze(0)
+
+    def mask_tensor(self, frames: int, height: int, width: int, high: float = 255.0) -> torch.Tensor:
+        """The :meth:`mask` of every frame as a ``(1, 1, frames, height, width)`` tensor of 0 and ``high``."""
+        mask = torch.from_numpy(np.asarray(self.mask(height, width), dtype=np.float32) / 255.0 * high)
+        return mask.expand(frames, height, width).unsqueeze(0).unsqueeze(0).contiguous()
