@@ -249,3 +249,20 @@ class Parts:
                         up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=(16,) * levels,
                         layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8, sample_size=64)
         return self.vae("AutoencoderKL", settings | config, name=name)
+
+
+class PassThroughSafetyChecker:
+    """A stand-in for Cosmos's ``CosmosSafetyChecker`` (the ``cosmos_guardrail`` package downloads its guard models
+    at construction, which cannot be done offline): every text and video passes unchanged. The denoising path is
+    the pipeline's own; only the guard models' checks around it are skipped."""
+
+    def to(self, *args: Any, **kwargs: Any) -> "PassThroughSafetyChecker":
+        return self
+
+    @staticmethod
+    def check_text_safety(prompt: str) -> bool:
+        return True
+
+    @staticmethod
+    def check_video_safety(video: Any) -> Any:
+        return video
