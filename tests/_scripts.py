@@ -24,6 +24,7 @@ MODULES = {
     "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit.cache_dit_bench",
     "zoo_bench": "bcg_diffusion.benchmarks.zoo.zoo_bench",
     "zoo_probe": "bcg_diffusion.benchmarks.zoo.zoo_probe",
+    "pipeline_zoo_probe": "bcg_diffusion.benchmarks.zoo.pipeline_probe",
     "capture_profile": "bcg_diffusion.benchmarks.profile.capture_profile",
     "compile_cache_check": "bcg_diffusion.benchmarks.profile.compile_cache_check",
     "smoke_full_pipelines": "bcg_diffusion.checks.smoke_full_pipelines",

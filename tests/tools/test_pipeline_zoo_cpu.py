@@ -116,12 +116,13 @@ def test_probe_without_cuda_reports_not_accelerated_with_the_reason(tmp_path, hi
     code = pipeline_probe.main(["--classes", "SanaSprintPipeline", "--chunk", "0", "--device", "cpu",
                                 "--out", str(tmp_path)])
     assert code == 0
-    report = json.loads((tmp_path / "pipeline_zoo_probe.json").read_text())
+    (json_path,) = tmp_path.glob("pipeline_zoo_probe_*.json")
+    report = json.loads(json_path.read_text())
     (record,) = report["results"]
     assert record["status"] == "not accelerated" and "CUDA" in record["reason"]
     assert all(call["bitwise"] for call in record["calls"])
     assert report["totals"]["built_and_ran"] == 1 and report["totals"]["crashes"] == 0
-    markdown = (tmp_path / "pipeline_zoo_probe.md").read_text()
+    markdown = json_path.with_suffix(".md").read_text()
     assert "| SanaSprintPipeline | sana | not accelerated | yes | ===== |" in markdown
 
 

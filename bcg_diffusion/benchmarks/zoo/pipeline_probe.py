@@ -6,7 +6,8 @@ one with a step-end callback that edits the latents, each compared bitwise with 
 (captured keys, segments, breaks, narrowing, module mode, eager calls and why). The classes run in child
 processes of ``--chunk`` classes each, so a native crash ends one class, not the run: the class a dead child was
 running is reported as a crash with the exit code, and the next child goes on after it. A JSON and a Markdown
-report (:mod:`.pipeline_report`) are written after every class, with the totals against issue 49's targets and the
+report (:mod:`.pipeline_report`), ``pipeline_zoo_probe_<date>_<time>.{json,md}`` in ``--out``, are written after
+every class, with the totals against issue 49's targets and the
 classes that have no case (``bcg_pipelines.pipeline_zoo.NOT_BUILT``).
 
 Without CUDA, ``accelerate_pipeline`` is a no-op: the run checks the builders, the calls and the plumbing only;
@@ -35,13 +36,13 @@ import torch
 
 from bcg_pipelines import pipeline_zoo
 
-from ..environment import environment
+from ..environment import environment, output_base
 from .pipeline_calls import ClassResult, Settings, as_dict, probe_class, release_generators
 from .pipeline_report import summary, write_reports
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_OUT = Path("bench_results")
-STEM = "pipeline_zoo_probe"
+PREFIX = "pipeline_zoo_probe"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -209,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     not_built = dict(pipeline_zoo.NOT_BUILT) if not args.classes else {}
     records: list[dict[str, Any]] = []
     results = iter_in_children(cases, args) if args.chunk else iter_in_process(cases, settings, args.time_budget)
+    stem = output_base(args.out, PREFIX).name
     json_path = md_path = None
     for record in results:
         records.append(record)
-        json_path, md_path = write_reports(args.out, STEM, records, header, not_built)
+        json_path, md_path = write_reports(args.out, stem, records, header, not_built)
         if args.chunk == 0:
             print(line(record), flush=True)
     totals = summary(records, header["derived_classes"], not_built)
