@@ -45,7 +45,7 @@ DEFAULT_OUT = Path("bench_results")
 PREFIX = "pipeline_zoo_probe"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline_zoo_probe.py", description=__doc__.splitlines()[0])
     parser.add_argument("--classes", help="comma-separated pipeline class names or family groups (default: every case)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
@@ -59,6 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunk", type=int, default=40,
                         help="classes per child process (default 40); 0 runs every class in this process")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results file
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.chunk < 0:
         parser.error("--chunk must be >= 0")
