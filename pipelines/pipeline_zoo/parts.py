@@ -215,6 +215,32 @@ class Parts:
         return self._place_encoder(model)
 
 
+    def qwen3_vl(self, name: str, tokenizer, hidden: int = 32, layers: int = 2,
+                 model_class: str = "Qwen3VLForConditionalGeneration") -> torch.nn.Module:
+        """A tiny Qwen3-VL (text width ``hidden``, 16 px patches merged 2x2, one vision block with a deepstack
+        output) whose vision token ids and pad/bos/eos ids are ``tokenizer``'s."""
+        ids = {f"{key}_token_id": getattr(tokenizer, f"{key}_token_id", None) for key in ("pad", "bos", "eos")}
+        half = hidden // 4  # half the head width (2 heads), split over the time, height and width sections
+        sections = [half - 2 * (half // 3), half // 3, half // 3]
+        text = dict(vocab_size=TINY_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": sections,
+                                     "mrope_interleaved": True}, **ids)
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=16, spatial_merge_size=2,
+                      temporal_patch_size=2, out_hidden_size=hidden, num_position_embeddings=16,
+                      deepstack_visual_indexes=[0])
+        return self.transformers_model(name, model_class, "Qwen3VLConfig", text_config=text, vision_config=vision,
+                                       **self.vision_token_ids(tokenizer))
+
+    def qwen3_vl_processor(self, tokenizer):
+        """A Qwen3-VL processor over ``tokenizer`` (16 px patches, at most 16 per image)."""
+        vision = {name: token for name, token in zip(("vision_start", "vision_end"), VISION_TOKENS[:2])}
+        return self.vl_processor(
+            tokenizer, "Qwen3VLProcessor", max_pixels=16 * 16 * 16, patch_size=16,
+            vision_start_token=vision["vision_start"], vision_end_token=vision["vision_end"],
+            vision_start_token_id=tokenizer.convert_tokens_to_ids(vision["vision_start"]),
+            vision_end_token_id=tokenizer.convert_tokens_to_ids(vision["vision_end"]))
+
     def language_model(self, name: str, model_class: str, config_class: str, tokenizer, **config: Any) -> torch.nn.Module:
         """A transformers language model (``Qwen3ForCausalLM``, ``GemmaModel``, ...) whose pad, bos and eos ids are
         the local ``tokenizer``'s and whose vocabulary holds it (``vocab_size`` at least the tokenizer's length)."""
