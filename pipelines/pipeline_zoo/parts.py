@@ -209,9 +209,10 @@ class Parts:
         kind = "qwen2_5_vl"
         with _seeded(_component_seed(self.seed, name)):
             model = build_text_encoder(kind, config, tokenizer)
-        if model_class is not None:
+        if model_class is not None:  # another class on the config: its text model alone (``...TextModel``) or all
+            config = model.config.text_config if model_class.endswith("TextModel") else model.config
             with _seeded(_component_seed(self.seed, name)):
-                model = transformers_class(model_class)(model.config)
+                model = transformers_class(model_class)(config)
         return self._place_encoder(model)
 
 
