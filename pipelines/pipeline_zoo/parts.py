@@ -101,11 +101,15 @@ class Parts:
             model = build_text_encoder(kind, config, tokenizer)
         return self._place_encoder(model)
 
-    def transformers_model(self, name: str, model_class: str, config_class: str, **config: Any) -> torch.nn.Module:
-        """Any transformers model from its config class (image encoders, encoders the presets lack)."""
-        cfg = transformers_class(config_class)(**config)
+    def transformers_model(self, name: str, model_class: str | type, config_class: str | type,
+                           **config: Any) -> torch.nn.Module:
+        """Any transformers model from its config class (image encoders, encoders the presets lack); classes by
+        name in ``transformers`` or given."""
+        config_class = transformers_class(config_class) if isinstance(config_class, str) else config_class
+        model_class = transformers_class(model_class) if isinstance(model_class, str) else model_class
+        cfg = config_class(**config)
         with _seeded(_component_seed(self.seed, name)):
-            model = transformers_class(model_class)(cfg)
+            model = model_class(cfg)
         return self._place_encoder(model)
 
     # -- schedulers -----------------------------------------------------------------------------------
@@ -242,7 +246,8 @@ class Parts:
             vision_start_token_id=tokenizer.convert_tokens_to_ids(vision["vision_start"]),
             vision_end_token_id=tokenizer.convert_tokens_to_ids(vision["vision_end"]))
 
-    def language_model(self, name: str, model_class: str, config_class: str, tokenizer, **config: Any) -> torch.nn.Module:
+    def language_model(self, name: str, model_class: str | type, config_class: str | type, tokenizer,
+                       **config: Any) -> torch.nn.Module:
         """A transformers language model (``Qwen3ForCausalLM``, ``GemmaModel``, ...) whose pad, bos and eos ids are
         the local ``tokenizer``'s and whose vocabulary holds it (``vocab_size`` at least the tokenizer's length)."""
         ids = {f"{key}_token_id": getattr(tokenizer, f"{key}_token_id", None) for key in ("pad", "bos", "eos")}
