@@ -92,3 +92,43 @@ CASES += [
                  lambda m: _audio_call(m, audio=_audio(m), mask_start_seconds=0.25, mask_end_seconds=0.75),
                  group="stable_audio_3", note="the kept audio's latents and the mask as a local condition"),
 ]
+
+
+# -- Motif-Video (T5Gemma 2) --------------------------------------------------------------------------------------
+def _motif(parts: Parts, image: bool = False) -> dict[str, Any]:
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    from ..zoo import cases_video as zoo_video
+
+    tokenizer = parts.tokenizer("gemma", 256)
+    ids = {f"{key}_token_id": getattr(tokenizer, f"{key}_token_id") for key in ("pad", "bos", "eos")}
+    text = dict(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=64, dropout_rate=0.0,
+                **ids)  # dropout_rate: what T5Gemma2Config would hand down to its encoder's text config
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    encoder = parts.transformers_model("text_encoder", "T5Gemma2Encoder", "T5Gemma2EncoderConfig", text_config=text,
+                                       vision_config=vision, mm_tokens_per_image=4, boi_token_index=4093,
+                                       eoi_token_index=4094, image_token_index=4095)
+    wan = parts.family("wan")
+    config = dict(zoo_video.MOTIF_VIDEO, text_embed_dim=32, image_embed_dim=16)  # the vision tower's width
+    components = {"tokenizer": tokenizer, "text_encoder": encoder, "vae": wan["vae"],
+                  "transformer": parts.model("transformer", "MotifVideoTransformer3DModel", config),
+                  "scheduler": parts.scheduler("FlowMatchEulerDiscreteScheduler", shift=5.0),
+                  "guider": ClassifierFreeGuidance(guidance_scale=5.0)}
+    if image:
+        components["feature_extractor"] = parts.siglip_image_processor(32)
+    return components
+
+
+def _motif_call(m: Media, **extra: Any) -> dict[str, Any]:
+    return {"prompt": "a red fox running in the snow", "negative_prompt": "blurry", "height": 32, "width": 32,
+            "num_frames": 5, "max_sequence_length": 32, "output_type": "latent", **extra}
+
+
+CASES += [
+    PipelineCase("MotifVideoPipeline", _motif, _motif_call,
+                 note="T5Gemma 2 text; latents, condition latents and mask on channels; CFG guider"),
+    PipelineCase("MotifVideoImage2VideoPipeline", lambda p: _motif(p, image=True),
+                 lambda m: _motif_call(m, image=m.image(32, 32))),
+]
