@@ -33,7 +33,7 @@ __all__ = [
     "transformer_pipelines",
 ]
 
-_CASE_MODULES = ("cases_flux", "cases_sd3", "cases_pixart_sana", "cases_wan", "cases_qwen", "cases_zimage_chroma_flux2", "cases_video_families", "cases_image_other", "cases_video_other", "cases_cosmos", "cases_audio_video_misc", "cases_vl", "cases_qwen3_vl", "cases_ltx2", "cases_hunyuan15", "cases_t5gemma", "cases_bria_fibo")
+_CASE_MODULES = ("cases_flux", "cases_sd3", "cases_pixart_sana", "cases_wan", "cases_qwen", "cases_zimage_chroma_flux2", "cases_video_families", "cases_image_other", "cases_video_other", "cases_cosmos", "cases_audio_video_misc", "cases_vl", "cases_qwen3_vl", "cases_ltx2", "cases_hunyuan15", "cases_t5gemma", "cases_bria_fibo", "cases_ernie")
 
 
 def pipeline_cases() -> list[PipelineCase]:

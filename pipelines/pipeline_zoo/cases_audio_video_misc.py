@@ -1,4 +1,4 @@
-"""Pipeline zoo cases of Stable Audio Open, AnyFlow and Helios.
+"""Pipeline zoo cases of Stable Audio Open, AnyFlow, Helios and LongCat-AudioDiT.
 
 Stable Audio: a tiny Oobleck VAE (sampling rate 4, 2x downsampling), a T5 of width 32 projected to the DiT's
 4-wide conditioning, the EDM DPM-Solver scheduler. AnyFlow and Helios run on the ``wan`` family's UMT5 and 16-channel
@@ -85,4 +85,26 @@ CASES: list[PipelineCase] = [
     PipelineCase("HeliosPyramidPipeline", lambda p: _helios(p, gamma=0.2),
                  lambda m: _helios_call(m, height=128, width=128, pyramid_num_inference_steps_list=[1, 1, 1]),
                  note="three pyramid stages of one step each, from 4x4 to 16x16 latents; scheduler gamma 0.2"),
+]
+
+
+# -- LongCat-AudioDiT ----------------------------------------------------------------------------------------------
+def _longcat_audio(parts: Parts) -> dict[str, Any]:
+    # a 1-D VAE of 8 channels, 2 levels of stride 4 (16x), latent width 8, sample rate 256: 16 latent frames a second
+    vae = dict(in_channels=1, channels=8, c_mults=[1, 2], strides=[4, 4], latent_dim=8, encoder_latent_dim=16,
+               downsampling_ratio=16, sample_rate=256)
+    tok = parts.tokenizer("t5", 128)
+    return {"tokenizer": tok, "text_encoder": parts.text_encoder("text_encoder", "umt5", "umt5_tiny", tok),
+            "vae": parts.vae("LongCatAudioDiTVae", vae),
+            "transformer": parts.model("transformer", "LongCatAudioDiTTransformer", zoo_audio.LONGCAT_AUDIO),
+            "scheduler": parts.scheduler("FlowMatchEulerDiscreteScheduler")}
+
+
+CASES += [
+    PipelineCase("LongCatAudioDiTPipeline", _longcat_audio,
+                 lambda m: {"prompt": "a fox barking", "negative_prompt": "noise", "audio_duration_s": 1.0,
+                            "guidance_scale": 4.0, "output_type": "pt"},
+                 two_outputs=lambda call: {**call, "prompt": [call["prompt"]] * 2,
+                                           "negative_prompt": [call["negative_prompt"]] * 2},
+                 note="UMT5 text, batched CFG; two outputs are two prompts"),
 ]
