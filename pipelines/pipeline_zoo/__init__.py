@@ -6,7 +6,7 @@ Public API::
     build(case, device, dtype, seed)                the pipeline (random weights, equal for one seed on any device)
     call_kwargs(case, pipe, seed, steps)            keyword arguments of a call of the class's own path
     transformer_pipelines() -> {name: PipelineClass}   derived from the installed diffusers
-    NOT_BUILT                                       classes of that list with no case, and why
+    NOT_BUILT, NOT_YET_BUILT                        classes of that list with no case, and why
 
 The transformer zoo (:mod:`bcg_pipelines.zoo`) covers the models; this covers the pipelines' own loops
 (guidance, image latents per step, masks, control residuals, reference frames). See docs/pipelines.md.
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from .case import OUTPUTS_PER_PROMPT, PipelineCase, build, call_kwargs, outputs_per_prompt_kwarg, parameters
 from .catalog import PipelineClass, transformer_pipelines
-from .not_built import NOT_BUILT
+from .not_built import NOT_BUILT, NOT_YET_BUILT
 
 __all__ = [
     "NOT_BUILT",
+    "NOT_YET_BUILT",
     "OUTPUTS_PER_PROMPT",
     "PipelineCase",
     "PipelineClass",

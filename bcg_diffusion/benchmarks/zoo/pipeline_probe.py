@@ -8,7 +8,7 @@ processes of ``--chunk`` classes each, so a native crash ends one class, not the
 running is reported as a crash with the exit code, and the next child goes on after it. A JSON and a Markdown
 report (:mod:`.pipeline_report`), ``pipeline_zoo_probe_<date>_<time>.{json,md}`` in ``--out``, are written after
 every class, with the totals against issue 49's targets and the
-classes that have no case (``bcg_pipelines.pipeline_zoo.NOT_BUILT``).
+classes that have no case (``bcg_pipelines.pipeline_zoo.NOT_BUILT`` and ``NOT_YET_BUILT``).
 
 Without CUDA, ``accelerate_pipeline`` is a no-op: the run checks the builders, the calls and the plumbing only;
 ``--debug`` (``BCGConfig(debug=True)``) then runs the graph runner with segments executed eagerly.
@@ -80,9 +80,10 @@ def select_cases(names: str | None) -> list[pipeline_zoo.PipelineCase]:
     groups = {case.pipeline: pipeline_zoo.group_of(case) for case in cases}
     unknown = [n for n in wanted if n not in groups and n not in groups.values()]
     if unknown:
-        hint = [n for n in unknown if n in pipeline_zoo.NOT_BUILT]
+        hint = [n for n in unknown if n in pipeline_zoo.NOT_BUILT or n in pipeline_zoo.NOT_YET_BUILT]
         raise SystemExit(f"pipeline_zoo_probe: no case for {', '.join(unknown)}"
-                         + (f" ({', '.join(hint)}: see bcg_pipelines.pipeline_zoo.NOT_BUILT)" if hint else "")
+                         + (f" ({', '.join(hint)}: see bcg_pipelines.pipeline_zoo.NOT_BUILT and NOT_YET_BUILT)"
+                            if hint else "")
                          + "; the cases are: " + ", ".join(sorted(groups)))
     return [case for case in cases if case.pipeline in wanted or groups[case.pipeline] in wanted]
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     header.update(command="python scripts/pipeline_zoo_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   derived_classes=len(pipeline_zoo.transformer_pipelines()), steps=args.steps, debug=args.debug,
                   time_budget_s=args.time_budget, chunk=args.chunk)
-    not_built = dict(pipeline_zoo.NOT_BUILT) if not args.classes else {}
+    not_built = {**pipeline_zoo.NOT_BUILT, **pipeline_zoo.NOT_YET_BUILT} if not args.classes else {}
     records: list[dict[str, Any]] = []
     results = iter_in_children(cases, args) if args.chunk else iter_in_process(cases, settings, args.time_budget)
     stem = output_base(args.out, PREFIX).name
