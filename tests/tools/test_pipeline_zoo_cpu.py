@@ -116,6 +116,25 @@ def test_probe_in_debug_mode_replays_every_call_bitwise(name):
     assert not result.accelerate_warnings
 
 
+def test_a_call_the_eager_twin_cannot_make_is_not_made():
+    """Lucy Edit cannot make two videos per prompt (diffusers raises, eagerly too): that call is not made, and the
+    class is judged on the others."""
+    settings = pipeline_calls.Settings(torch.device("cpu"), torch.float32, debug=True)
+    result = pipeline_calls.probe_class(pipeline_zoo.get_case("LucyEditPipeline"), settings)
+    assert result.status == "replayed", (result.status, result.error)
+    two = result.calls[3]
+    assert two.label == "2 outputs" and two.bitwise is None and "eager twin raises" in two.note
+
+
+def test_calls_seed_the_global_rngs_for_pipelines_that_draw_without_their_generator():
+    """SD3 ControlNet samples the control image's latents with torch's global RNG: seeded per call, it repeats."""
+    case = pipeline_zoo.get_case("StableDiffusion3ControlNetPipeline")
+    pipe = pipeline_zoo.build(case)
+    call = pipeline_zoo.call_kwargs(case, pipe)
+    first, second = (pipeline_calls.run_call(pipe, call, seed=1) for _ in range(2))
+    assert pipeline_calls.compare_outputs(first, second)[0]
+
+
 def test_probe_without_cuda_reports_not_accelerated_with_the_reason(tmp_path, hide_cuda):
     code = pipeline_probe.main(["--classes", "SanaSprintPipeline", "--chunk", "0", "--device", "cpu",
                                 "--out", str(tmp_path)])

@@ -172,8 +172,19 @@ def planned_calls(case, pipe, steps: int | None) -> list[tuple[str, dict[str, An
     return plan
 
 
+def _seed_globals(seed: int) -> None:
+    """Seed the global RNGs too: some pipelines draw without their generator (SD3 ControlNet samples the control
+    image's latent distribution with the global RNG), and both pipelines must draw the same numbers."""
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def run_call(pipe, call: dict[str, Any], seed: int) -> list[tuple[str, torch.Tensor]]:
-    """One call with a fresh generator for ``seed``; its outputs, copied."""
+    """One call with a fresh generator for ``seed`` and the global RNGs seeded; its outputs, copied."""
+    _seed_globals(seed)
     with torch.no_grad():
         out = pipe(**call, generator=_generator(pipe, seed))
     return [(path, tensor.clone()) for path, tensor in output_tensors(out)]
@@ -271,7 +282,10 @@ def _compared_call(pipe, twin, references: dict, planned: tuple) -> CallResult:
     if call is None:
         return CallResult(label, note=note or "not made")
     if label not in references:
-        references[label] = run_call(twin, call, seed)
+        try:
+            references[label] = run_call(twin, call, seed)
+        except Exception as exc:  # noqa: BLE001 - the class cannot make this call, eagerly either
+            return CallResult(label, note=f"not made: the eager twin raises {_error_text(exc).split(' | ')[0]}")
     before = counters(pipe)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
