@@ -9,8 +9,10 @@ Every failure is caught and recorded with the phase it happened in; nothing here
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import logging
 import time
 import traceback
 import warnings
@@ -66,6 +68,7 @@ class ClassResult:
     accelerate_warnings: list[str] = field(default_factory=list)
     bcg_warnings: list[str] = field(default_factory=list)
     eager_reasons: list[str] = field(default_factory=list)
+    key_changes: list[str] = field(default_factory=list)  # the runner's "new graph key ... changed ..." lines
     seconds: float = 0.0
 
     @property
@@ -198,6 +201,35 @@ def counters(pipe) -> dict[str, int]:
     return {name: getattr(stats, name) for name in _COUNTERS}
 
 
+class _KeyChanges(logging.Handler):
+    """Collects the runner's ``new graph key ... changed ...`` info lines (at most :data:`KEY_CHANGES`, distinct)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "new graph key" in message and message not in self.lines and len(self.lines) < KEY_CHANGES:
+            self.lines.append(message[:300])
+
+
+KEY_CHANGES = 4
+
+
+@contextlib.contextmanager
+def _key_changes(lines: list[str]):
+    logger = logging.getLogger("bcg_diffusion")
+    handler, level = _KeyChanges(lines), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 # -- one class ---------------------------------------------------------------------------------------------
 def _error_text(exc: BaseException) -> str:
     message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
@@ -231,7 +263,7 @@ def probe_class(case, settings: Settings) -> ClassResult:
     result = ClassResult(case.pipeline, case.group or pipeline_zoo.group_of(case), case.note)
     start = time.perf_counter()
     pipes: list[Any] = []
-    with listening() as heard:
+    with listening() as heard, _key_changes(result.key_changes):
         try:
             _probe(case, settings, result, pipes)
         except Exception as exc:  # noqa: BLE001 - a crash is a result
@@ -320,6 +352,11 @@ def classify(result: ClassResult) -> tuple[str, str]:
     entries = stats.get("entries", ())
     fallbacks = sorted({e["fallback"] for e in entries if e["fallback"]})
     if stats["hits"] == 0:
+        calls = stats["hits"] + stats["warmup_calls"] + stats["eager_calls"]
+        if not fallbacks and not result.eager_reasons and calls and stats["warmup_calls"] == calls:
+            kept = len(entries)
+            return "eager", (f"every transformer call was the first call of a new key ({stats['misses']} misses, "
+                             f"{kept} kept): the inputs change from call to call")
         reason = "; ".join(fallbacks or result.eager_reasons or ["no graph key was replayed"])
         return "eager", reason
     if stats["eager_calls"] or stats["failed_captures"] or fallbacks:

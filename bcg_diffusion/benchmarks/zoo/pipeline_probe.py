@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="denoising steps of every call (default: each case's)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the weights (both pipelines)")
     parser.add_argument("--debug", action="store_true", help="BCGConfig(debug=True): segments run eagerly")
-    parser.add_argument("--chunk", type=int, default=40,
-                        help="classes per child process (default 40); 0 runs every class in this process")
+    parser.add_argument("--chunk", type=int, default=50,
+                        help="classes per child process (default 50); 0 runs every class in this process")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results file
     return parser
 

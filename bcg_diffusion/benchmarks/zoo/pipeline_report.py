@@ -97,6 +97,8 @@ def markdown(records: list[dict[str, Any]], header: dict[str, Any], totals: dict
     for r in records:
         repeatable = "" if r.get("eager_repeatable") is None else ("yes" if r["eager_repeatable"] else "NO")
         reason = r.get("reason") or (f"{r['phase']}: {r['error']}" if r.get("error") else "")
+        if r["status"] in ("eager", "partial") and r.get("key_changes"):
+            reason += f" (e.g. {r['key_changes'][0]})"
         notes = "; ".join(f"{c['label']}: {c['note']}" for c in r.get("calls", []) if c.get("note"))
         lines.append(
             f"| {r['name']} | {r.get('group', '')} | {r['status']} | {repeatable} | {_calls_cell(r)} "
