@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="denoising steps of every call (default: each case's)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the weights (both pipelines)")
     parser.add_argument("--debug", action="store_true", help="BCGConfig(debug=True): segments run eagerly")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch's deterministic algorithms (warn only) and a fixed cuBLAS workspace, for classes "
+                        "whose eager output does not repeat (atomic adds: Nucleus-MoE's expert routing)")
     parser.add_argument("--chunk", type=int, default=50,
                         help="classes per child process (default 50); 0 runs every class in this process")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results file
@@ -89,6 +92,10 @@ def select_cases(names: str | None) -> list[pipeline_zoo.PipelineCase]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    if args.deterministic:
+        # before the first cuBLAS call; the child processes inherit it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     return Settings(device, dtype, args.seed, args.steps, args.debug)
@@ -152,7 +159,7 @@ def _child_command(args: argparse.Namespace, names: list[str], budget: float, re
     for flag, value in (("--device", args.device), ("--dtype", args.dtype), ("--steps", args.steps)):
         if value is not None:
             command += [flag, str(value)]
-    return command + (["--debug"] if args.debug else [])
+    return command + (["--debug"] if args.debug else []) + (["--deterministic"] if args.deterministic else [])
 
 
 def _read_child(results: Path, returncode: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     header = environment(settings.device, settings.dtype, settings.device.type == "cuda")
     header.update(command="python scripts/pipeline_zoo_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   derived_classes=len(pipeline_zoo.transformer_pipelines()), steps=args.steps, debug=args.debug,
-                  time_budget_s=args.time_budget, chunk=args.chunk)
+                  time_budget_s=args.time_budget, chunk=args.chunk, deterministic=args.deterministic)
     not_built = {**pipeline_zoo.NOT_BUILT, **pipeline_zoo.NOT_YET_BUILT} if not args.classes else {}
     records: list[dict[str, Any]] = []
     results = iter_in_children(cases, args) if args.chunk else iter_in_process(cases, settings, args.time_budget)
