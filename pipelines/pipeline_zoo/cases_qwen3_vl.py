@@ -1,5 +1,5 @@
 """Pipeline zoo cases of pipelines whose text encoder is a Qwen3-VL: Krea 2, JoyImage Edit (and Plus),
-Nucleus-MoE Image and Qwen-Image 2.1.
+Nucleus-MoE Image, Qwen-Image 2.1 and Ideogram 4.
 
 The encoder is a tiny Qwen3-VL (:meth:`~bcg_pipelines.pipeline_zoo.parts.Parts.qwen3_vl`) whose vision token ids
 match the local Qwen tokenizer with Qwen's vision tokens; the processor a Qwen3-VL one over it (16 px patches, at most
@@ -90,4 +90,28 @@ CASES: list[PipelineCase] = [
                  "scatter_add (not bitwise repeatable on CUDA without deterministic algorithms)"),
     PipelineCase("QwenImage21Pipeline", _qwenimage21,
                  lambda m: _text(height=SIZE, width=SIZE, true_cfg_scale=4.0, output_resolution=SIZE)),
+]
+
+
+# -- Ideogram 4 ------------------------------------------------------------------------------------------------------
+IDEOGRAM_TAPS = 13  # the pipeline taps 13 of the Qwen3-VL text model's 36 layers (0, 3, ..., 33, 35)
+
+
+def _ideogram4(parts: Parts) -> dict[str, Any]:
+    tokenizer = _tokenizer(parts)
+    encoder = parts.qwen3_vl("text_encoder", tokenizer, hidden=16, layers=36, model_class="Qwen3VLModel")
+    # the Flux.2 VAE's 32 latent channels, patchified 2x2
+    config = dict(zoo_image.IDEOGRAM4, in_channels=128, llm_features_dim=IDEOGRAM_TAPS * 16)
+    return {"tokenizer": tokenizer, "text_encoder": encoder, "vae": parts.family("flux2")["vae"],
+            "transformer": parts.model("transformer", "Ideogram4Transformer2DModel", config),
+            "unconditional_transformer": parts.model("unconditional_transformer", "Ideogram4Transformer2DModel",
+                                                     config),
+            "scheduler": parts.scheduler("FlowMatchEulerDiscreteScheduler")}
+
+
+CASES += [
+    PipelineCase("Ideogram4Pipeline", _ideogram4,
+                 lambda m: {"prompt": PROMPT, "height": SIZE, "width": SIZE, "num_inference_steps": 2,
+                            "guidance_schedule": (7.0, 7.0), "max_sequence_length": 48, "output_type": "latent"},
+                 note="a second transformer (unconditional_transformer) makes the unconditional prediction"),
 ]

@@ -32,8 +32,6 @@ NOT_YET_BUILT: dict[str, str] = {
     "autoregressively, its GlmImageProcessor and a ByT5 encoder; no case written yet",
     "HunyuanVideoImageToVideoPipeline": "needs a tiny LLaVA encoder and a prompt template whose image-token layout "
     "(image_emb_start/end/len, crop_start) matches the local tokenizer; no case written yet",
-    "Ideogram4Pipeline": "needs its text encoder's hidden-state layout and two transformers (`transformer` and "
-    "`unconditional_transformer`); no case written yet",
     "Kandinsky6SRPipeline": "needs a tiny Kandinsky6SRVAE and video tiles of the super-resolution path; no case "
     "written yet",
     "Kandinsky6TI2VAPipeline": "needs the MMAudio VAE and vocoder of its audio stream; no case written yet",

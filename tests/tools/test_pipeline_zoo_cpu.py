@@ -126,6 +126,15 @@ def test_a_call_the_eager_twin_cannot_make_is_not_made():
     assert two.label == "2 outputs" and two.bitwise is None and "eager twin raises" in two.note
 
 
+def test_transformers_that_accelerate_pipeline_does_not_take_are_named():
+    """Ideogram 4's second transformer is ``unconditional_transformer``: accelerate_pipeline takes the components
+    named ``transformer...``, so it runs eagerly; the probe names it."""
+    settings = pipeline_calls.Settings(torch.device("cpu"), torch.float32, debug=True)
+    result = pipeline_calls.probe_class(pipeline_zoo.get_case("Ideogram4Pipeline"), settings)
+    assert result.status == "replayed", (result.status, result.error)
+    assert result.left_eager == ["unconditional_transformer (Ideogram4Transformer2DModel)"]
+
+
 def test_calls_seed_the_global_rngs_for_pipelines_that_draw_without_their_generator():
     """SD3 ControlNet samples the control image's latents with torch's global RNG: seeded per call, it repeats."""
     case = pipeline_zoo.get_case("StableDiffusion3ControlNetPipeline")

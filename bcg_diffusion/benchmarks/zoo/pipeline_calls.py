@@ -69,6 +69,7 @@ class ClassResult:
     bcg_warnings: list[str] = field(default_factory=list)
     eager_reasons: list[str] = field(default_factory=list)
     key_changes: list[str] = field(default_factory=list)  # the runner's "new graph key ... changed ..." lines
+    left_eager: list[str] = field(default_factory=list)  # transformer components accelerate_pipeline did not take
     seconds: float = 0.0
 
     @property
@@ -307,6 +308,20 @@ def _accelerate(pipe, settings: Settings, result: ClassResult) -> None:
         warnings.simplefilter("always")
         bcg_diffusion.accelerate_pipeline(pipe, bcg_diffusion.BCGConfig(debug=settings.debug))
     result.accelerate_warnings = _library_warnings(caught)
+    if bcg_diffusion.is_accelerated(pipe):
+        result.left_eager = left_eager(pipe)
+
+
+def left_eager(pipe) -> list[str]:
+    """``name (Class)`` of the pipeline's components of a diffusers transformer class that are not accelerated
+    (``accelerate_pipeline`` takes the components named ``transformer...``: Ideogram 4's
+    ``unconditional_transformer`` runs eagerly)."""
+    from bcg_pipelines.zoo import transformer_classes
+
+    classes = set(transformer_classes())
+    return [f"{name} ({type(module).__name__})" for name, module in pipe.components.items()
+            if isinstance(module, torch.nn.Module) and type(module).__name__ in classes
+            and not bcg_diffusion.is_accelerated(module)]
 
 
 def _compared_call(pipe, twin, references: dict, planned: tuple) -> CallResult:

@@ -100,6 +100,8 @@ def markdown(records: list[dict[str, Any]], header: dict[str, Any], totals: dict
         if r["status"] in ("eager", "partial") and r.get("key_changes"):
             reason += f" (e.g. {r['key_changes'][0]})"
         notes = "; ".join(f"{c['label']}: {c['note']}" for c in r.get("calls", []) if c.get("note"))
+        if r.get("left_eager"):
+            notes = "; ".join(filter(None, [f"not accelerated: {', '.join(r['left_eager'])}", notes]))
         lines.append(
             f"| {r['name']} | {r.get('group', '')} | {r['status']} | {repeatable} | {_calls_cell(r)} "
             f"| {_cell(_stats_cell(r), 200)} | {_cell('; '.join(r.get('accelerate_warnings', [])), 120)} "
