@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the JSON and Markdown reports")
-    parser.add_argument("--time-budget", type=float, default=330.0,
-                        help="seconds; classes not started within it are reported as skipped (default 330)")
+    parser.add_argument("--time-budget", type=float, default=340.0,
+                        help="seconds; classes not started within it are reported as skipped (default 340)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps of every call (default: each case's)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the weights (both pipelines)")
     parser.add_argument("--debug", action="store_true", help="BCGConfig(debug=True): segments run eagerly")
@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built and ran {totals['built_and_ran']} of {totals['derived_classes']} derived classes; wrong outputs "
           f"{totals['wrong_outputs']}, crashes {totals['crashes']}, replayed {totals['replayed']} of the classes "
           f"that ran; statuses {totals['status_counts']}")
+    skipped = [r["name"] for r in records if r["status"] == "skipped"]
+    if skipped:
+        print(f"{len(skipped)} classes skipped; run them with --classes {','.join(skipped)}")
     print(f"wrote {json_path} and {md_path}")
     return 0
 
