@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .case import PipelineCase
-from .cases_video_other import QWEN_VL_CHAT_TEMPLATE
 from .media import Media
-from .parts import Parts, PassThroughSafetyChecker
+from .parts import QWEN_VL_CHAT_TEMPLATE, Parts, PassThroughSafetyChecker
 
 __all__ = ["CASES"]
 

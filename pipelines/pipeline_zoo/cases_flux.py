@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..registry import get_family
 from .case import PipelineCase
 from .media import Media
 from .parts import Parts
@@ -24,22 +25,17 @@ def _flux(parts: Parts, **transformer: Any) -> dict[str, Any]:
     return parts.family("flux", transformer)
 
 
-def _controlnet(parts: Parts) -> dict[str, Any]:
-    components = _flux(parts)
-    config = {k: v for k, v in parts_flux_config().items() if k in _CONTROLNET_KEYS}
-    components["controlnet"] = parts.model("controlnet", "FluxControlNetModel", config)
-    return components
-
-
 _CONTROLNET_KEYS = ("patch_size", "in_channels", "num_layers", "num_single_layers", "attention_head_dim",
                     "num_attention_heads", "joint_attention_dim", "pooled_projection_dim", "guidance_embeds",
                     "axes_dims_rope")
 
 
-def parts_flux_config() -> dict[str, Any]:
-    from ..registry import get_family
-
-    return dict(get_family("flux").tiny.transformer)
+def _controlnet(parts: Parts) -> dict[str, Any]:
+    """The flux components and a FluxControlNetModel of the tiny transformer's sizes."""
+    components = _flux(parts)
+    tiny = get_family("flux").tiny.transformer
+    components["controlnet"] = parts.model("controlnet", "FluxControlNetModel", {k: tiny[k] for k in _CONTROLNET_KEYS})
+    return components
 
 
 def _text(m: Media, **extra: Any) -> dict[str, Any]:

@@ -12,9 +12,8 @@ from typing import Any
 
 from ..zoo import cases_image as zoo_image
 from .case import PipelineCase
-from .cases_video_other import QWEN_VL_CHAT_TEMPLATE
 from .media import Media
-from .parts import Parts
+from .parts import QWEN_VL_CHAT_TEMPLATE, Parts
 
 __all__ = ["CASES"]
 

@@ -13,7 +13,7 @@ from ..registry import get_family
 from ..zoo import cases_video as zoo_video
 from .case import PipelineCase
 from .media import Media
-from .parts import Parts
+from .parts import QWEN_VL_CHAT_TEMPLATE, Parts
 
 __all__ = ["CASES"]
 
@@ -113,17 +113,6 @@ def _easyanimate(parts: Parts, in_channels: int = 4, **transformer: Any) -> dict
             "transformer": parts.model("transformer", "EasyAnimateTransformer3DModel", config),
             "scheduler": parts.scheduler("FlowMatchEulerDiscreteScheduler")}
 
-
-#: A Qwen-VL-like chat template: a user turn whose content is a string or a list of typed parts (texts joined).
-QWEN_VL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['content'] is string -%}{%- set text = message['content'] -%}"
-    "{%- else -%}{%- set text = message['content'] | selectattr('type', 'equalto', 'text')"
-    " | map(attribute='text') | join('') -%}{%- endif -%}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + text + '<|im_end|>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
-)
 
 EASY_SIZE, EASY_FRAMES = 64, 5
 

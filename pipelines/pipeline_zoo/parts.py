@@ -21,11 +21,24 @@ import torch
 from ..text_encoders import TINY_VOCAB, build_text_encoder, build_tokenizer, preset
 from ..zoo.case import _fill_zero_parameters, _keep_fp32_modules, _ZeroedEmpty
 
-__all__ = ["Parts", "diffusers_class", "transformers_class"]
+__all__ = ["QWEN_VL_CHAT_TEMPLATE", "VISION_TOKENS", "Parts", "PassThroughSafetyChecker", "diffusers_class",
+           "transformers_class"]
 
 
 #: The vision tokens of Qwen-VL vocabularies, in the order :meth:`Parts.vision_token_ids` reads them.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+#: A Qwen-VL-like chat template: a user turn whose content is a string or a list of typed parts (texts joined).
+QWEN_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['content'] is string -%}{%- set text = message['content'] -%}"
+    "{%- else -%}{%- set text = message['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') -%}{%- endif -%}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + text + '<|im_end|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
 
 
 def diffusers_class(name: str) -> type:
