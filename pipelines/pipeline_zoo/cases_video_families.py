@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..registry import get_family
+from ..text_encoders import build_tokenizer
 from .case import PipelineCase
 from .media import Media
 from .parts import Parts
@@ -50,6 +51,48 @@ _FRAMEPACK_KEYS = ("in_channels", "out_channels", "num_attention_heads", "attent
 def _framepack_call(m: Media) -> dict[str, Any]:
     # one latent window of 2 frames (a 5-frame section), guidance embedded
     return _hunyuan_text(m, image=m.image(HV_SIZE, HV_SIZE), latent_window_size=2)
+
+
+def _hunyuan_i2v(parts: Parts) -> dict[str, Any]:
+    # LLaVA: a 3-layer Llama of width 32 (the pipeline reads the third-last hidden state) with a CLIP vision tower of
+    # 16 patches of 8 px; the image's 16 tokens replace the template's <image> token
+    components = parts.family("hunyuanvideo", dict(in_channels=33, image_condition_type="latent_concat"))
+    tokenizer = _llava_tokenizer()
+    ids = {f"{key}_token_id": getattr(tokenizer, f"{key}_token_id") for key in ("pad", "bos", "eos")}
+    text = dict(model_type="llama", vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                num_attention_heads=2, num_key_value_heads=1, **ids)
+    vision = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=32, patch_size=8, projection_dim=32)
+    components["tokenizer"] = tokenizer
+    components["text_encoder"] = parts.transformers_model(
+        "text_encoder", "LlavaForConditionalGeneration", "LlavaConfig", text_config=text, vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-2, image_seq_length=IMAGE_TOKENS, **ids)
+    components["image_processor"] = parts.clip_image_processor(32)
+    return components
+
+
+IMAGE_TOKENS = 16
+
+
+def _llava_tokenizer():
+    """The local Llama-3 tokenizer with LLaVA's ``<image>`` token."""
+    tokenizer = build_tokenizer("llama3", 256)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]}, replace_extra_special_tokens=False)
+    return tokenizer
+
+
+def _hunyuan_i2v_call(m: Media) -> dict[str, Any]:
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
+
+    # the template's layout in the local vocabulary: <image> is token 5 (after the begin-of-text, header and "\n\n"
+    # tokens), its 16 image tokens follow; crop_start as the real value was computed (template tokens minus 5)
+    template = DEFAULT_PROMPT_TEMPLATE["template"]
+    crop_start = len(_llava_tokenizer()(template)["input_ids"]) - 5
+    prompt_template = {"template": template, "crop_start": crop_start, "image_emb_start": 5,
+                       "image_emb_end": 5 + IMAGE_TOKENS, "image_emb_len": IMAGE_TOKENS}
+    return _hunyuan_text(m, image=m.image(HV_SIZE, HV_SIZE), prompt_template=prompt_template, guidance_scale=1.0,
+                         true_cfg_scale=1.0)
 
 
 # -- LTX-Video ---------------------------------------------------------------------------------------------------
@@ -126,6 +169,9 @@ CASES: list[PipelineCase] = [
                  lambda m: _hunyuan_text(m, image=m.image(HV_SIZE, HV_SIZE), negative_prompt="blurry",
                                          true_cfg_scale=2.0, guidance_scale=1.0),
                  note="image latents on channels; true CFG (two calls per step)"),
+    PipelineCase("HunyuanVideoImageToVideoPipeline", _hunyuan_i2v, _hunyuan_i2v_call,
+                 note="LLaVA text and image tokens (the template's image-token layout for the local vocabulary), "
+                 "image latents and a mask channel on the input"),
     PipelineCase("HunyuanVideoFramepackPipeline", _framepack, _framepack_call,
                  note="SigLIP image embedding, clean and 2x/4x history latents per section"),
     PipelineCase("LTXPipeline", lambda p: p.family("ltx"), _ltx_text, note="batched CFG"),

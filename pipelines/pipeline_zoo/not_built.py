@@ -30,8 +30,6 @@ NOT_YET_BUILT: dict[str, str] = {
     "sequence) and its sound tokenizer; no case written yet",
     "GlmImagePipeline": "needs a tiny GlmImageForConditionalGeneration that generates the prior image tokens "
     "autoregressively, its GlmImageProcessor and a ByT5 encoder; no case written yet",
-    "HunyuanVideoImageToVideoPipeline": "needs a tiny LLaVA encoder and a prompt template whose image-token layout "
-    "(image_emb_start/end/len, crop_start) matches the local tokenizer; no case written yet",
     "Kandinsky6SRPipeline": "needs a tiny Kandinsky6SRVAE and video tiles of the super-resolution path; no case "
     "written yet",
     "Kandinsky6TI2VAPipeline": "needs the MMAudio VAE and vocoder of its audio stream; no case written yet",
