@@ -1,5 +1,5 @@
 """Pipeline zoo cases of pipelines whose text encoder is a vision-language model with a Qwen2-VL processor:
-Kandinsky 5 (Qwen2.5-VL and CLIP) and LongCat-Image (Qwen2.5-VL).
+Kandinsky 5 and 6 (Qwen2.5-VL and CLIP) and LongCat-Image (Qwen2.5-VL).
 
 The tokenizer is the local Qwen tokenizer with Qwen's vision tokens, the processor a Qwen2-VL one over it (see
 :meth:`~bcg_pipelines.pipeline_zoo.parts.Parts.vl_processor`), the encoder a Qwen2.5-VL of width 32 whose vision
@@ -80,4 +80,20 @@ CASES: list[PipelineCase] = [
                  lambda m: {"prompt": PROMPT, "negative_prompt": "blurry", "image": m.image(64, 64),
                             "guidance_scale": 4.5, "output_type": "latent"},
                  note="the image through the VL encoder and as latent tokens"),
+]
+
+
+# -- Kandinsky 6 (text/image to video and audio) ---------------------------------------------------------------------
+def _kandinsky6(parts: Parts) -> dict[str, Any]:
+    components = _kandinsky5(parts, True)  # the same text encoders and HunyuanVideo VAE
+    config = dict(zoo_video.KANDINSKY6, in_visual_dim=16, out_visual_dim=16, in_text_dim=32, in_text_dim2=32,
+                  visual_cond=True, visual_token_type_num_embeddings=2)
+    components["transformer"] = parts.model("transformer", "Kandinsky6Transformer3DModel", config)
+    return components
+
+
+CASES += [
+    PipelineCase("Kandinsky6TI2VAPipeline", _kandinsky6,
+                 lambda m: _k5_call(32, num_frames=5, image=m.image(32, 32), sample_audio=False),
+                 note="image-conditioned video; the audio stream off (its MMAudio VAE and vocoder are optional)"),
 ]

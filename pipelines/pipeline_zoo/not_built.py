@@ -32,7 +32,6 @@ NOT_YET_BUILT: dict[str, str] = {
     "autoregressively, its GlmImageProcessor and a ByT5 encoder; no case written yet",
     "Kandinsky6SRPipeline": "needs a tiny Kandinsky6SRVAE and video tiles of the super-resolution path; no case "
     "written yet",
-    "Kandinsky6TI2VAPipeline": "needs the MMAudio VAE and vocoder of its audio stream; no case written yet",
     "RFD4ProteinaPipeline": "generates protein structures (backbone coordinates and residue latents), not images, "
     "video or audio; its transformer is excluded from the transformer zoo for that reason; no case written yet",
     "SanaWMPipeline": "needs camera poses, actions and intrinsics in its world-model format; no case written yet",
