@@ -11,7 +11,8 @@ import torch
 from .media import Media
 from .parts import Parts, diffusers_class
 
-__all__ = ["OUTPUTS_PER_PROMPT", "PipelineCase", "build", "call_kwargs", "outputs_per_prompt_kwarg", "parameters"]
+__all__ = ["OUTPUTS_PER_PROMPT", "PipelineCase", "build", "call_kwargs", "needs_ftfy", "outputs_per_prompt_kwarg",
+           "parameters"]
 
 #: The keywords that set how many outputs one prompt makes, by pipeline kind.
 OUTPUTS_PER_PROMPT = ("num_images_per_prompt", "num_videos_per_prompt", "num_waveforms_per_prompt")
@@ -54,10 +55,31 @@ class PipelineCase:
         return diffusers_class(self.pipeline)
 
 
+def needs_ftfy(pipeline_class: type) -> bool:
+    """Whether the class's prompt cleaning calls ``ftfy.fix_text`` without checking that ftfy is installed, while it
+    is not (diffusers then raises ``NameError: ftfy`` at the first prompt). About 40 pipelines' ``basic_clean`` do;
+    the caption cleaning of PixArt and Sana calls it only with ``clean_caption=True``, which the cases turn off."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("ftfy") is not None:
+        return False
+    clean = getattr(sys.modules.get(pipeline_class.__module__), "basic_clean", None)
+    try:
+        source = inspect.getsource(clean) if clean is not None else ""
+    except (OSError, TypeError):
+        return False
+    return "ftfy.fix_text" in source and "is_ftfy_available" not in source
+
+
 def build(case: PipelineCase, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
           seed: int = 0):
     """The pipeline of ``case`` with random weights drawn for ``seed`` (equal weights on every device), in
-    ``dtype`` (the case's own where it has one), progress bars off. torch's global RNG state is left as it was."""
+    ``dtype`` (the case's own where it has one), progress bars off. torch's global RNG state is left as it was.
+    ``ImportError`` saying what to install when the class needs ftfy and it is missing."""
+    if needs_ftfy(case.pipeline_class):
+        raise ImportError(f"{case.pipeline} calls ftfy.fix_text on every prompt and ftfy is not installed: "
+                          "pip install ftfy (it is in the test extra)")
     components = case.components(Parts(device, case.dtype or dtype, seed))
     pipe = case.pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)

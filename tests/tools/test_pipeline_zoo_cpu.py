@@ -65,6 +65,22 @@ def test_two_builds_with_one_seed_are_equal_and_another_seed_differs():
     assert all(p.any() for p in pipeline_zoo.build(case).transformer.parameters()), "an all-zero parameter is left"
 
 
+def test_a_class_that_needs_ftfy_says_so_where_it_is_missing(monkeypatch):
+    import importlib.util
+
+    from bcg_pipelines.pipeline_zoo import case as case_module
+
+    case = pipeline_zoo.get_case("WanImageToVideoPipeline")
+    assert not case_module.needs_ftfy(case.pipeline_class), "ftfy is in the test extra"
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ftfy" else find_spec(name, *a))
+    assert case_module.needs_ftfy(case.pipeline_class)
+    for guarded in ("FluxPipeline", "WanPipeline", "SanaPipeline"):  # no ftfy, or checked, or only to clean captions
+        assert not case_module.needs_ftfy(pipeline_zoo.get_case(guarded).pipeline_class), guarded
+    with pytest.raises(ImportError, match="pip install ftfy"):
+        pipeline_zoo.build(case)
+
+
 def test_unknown_case_names_the_cases():
     with pytest.raises(KeyError, match="FluxPipeline"):
         pipeline_zoo.get_case("NoSuchPipeline")
