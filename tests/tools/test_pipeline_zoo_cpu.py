@@ -79,6 +79,8 @@ def test_a_class_that_needs_ftfy_says_so_where_it_is_missing(monkeypatch):
         assert not case_module.needs_ftfy(pipeline_zoo.get_case(guarded).pipeline_class), guarded
     with pytest.raises(ImportError, match="pip install ftfy"):
         pipeline_zoo.build(case)
+    result = pipeline_calls.probe_class(case, pipeline_calls.Settings(torch.device("cpu"), torch.float32))
+    assert result.status == "missing package" and "ftfy" in result.error and not result.ran
 
 
 def test_unknown_case_names_the_cases():

@@ -53,7 +53,8 @@ class ClassResult:
     graph), ``partial`` (some ran eagerly or fell back), ``eager`` (nothing replayed; ``reason`` says why),
     ``not accelerated`` (no CUDA), ``mismatch`` (an accelerated output differed from the twin's),
     ``unrepeatable`` (differed, but the eager twin does not repeat itself either: no verdict), ``crash``
-    (``phase`` and ``error`` say where), ``skipped`` (time budget, or the CUDA context was lost earlier)."""
+    (``phase`` and ``error`` say where), ``missing package`` (the class needs a package this machine lacks: ftfy),
+    ``skipped`` (time budget, or the CUDA context was lost earlier)."""
 
     name: str
     group: str = ""
@@ -267,6 +268,9 @@ def probe_class(case, settings: Settings) -> ClassResult:
     with listening() as heard, _key_changes(result.key_changes):
         try:
             _probe(case, settings, result, pipes)
+        except ImportError as exc:  # a package the class needs is missing here (ftfy): not a crash of the class
+            status = "missing package" if result.phase == "build" else "crash"
+            result.status, result.error = status, _error_text(exc)
         except Exception as exc:  # noqa: BLE001 - a crash is a result
             result.status, result.error = "crash", _error_text(exc)
         finally:
