@@ -29,7 +29,7 @@ from .core import cuda_runtime
 from .integration import fingerprint
 from .config import ENV_ENABLE, BCGConfig, env_flag
 from .errors import AccelerationError
-from .families import transformer_info
+from .families import is_transformer_component, transformer_info
 from .integration.model_hooks import DEEPCOPY_MESSAGE, ForwardHook, insert_innermost, remove_exactly
 from .integration.offload import start_streaming, streaming_of
 from .integration.runner import GraphRunner
@@ -121,7 +121,7 @@ def _transformers_of(pipe: Any) -> list[tuple[str, torch.nn.Module]]:
     found = [
         (name, comp)
         for name, comp in components.items()
-        if isinstance(comp, torch.nn.Module) and name.startswith("transformer")
+        if isinstance(comp, torch.nn.Module) and is_transformer_component(name)
     ]
     if not found:
         raise AccelerationError(f"{type(pipe).__name__} has no transformer component to accelerate")
@@ -328,7 +328,7 @@ def get_stats(obj: Any) -> BCGStats:
     if isinstance(obj, torch.nn.Module):
         modules = [obj]
     elif isinstance(getattr(obj, "components", None), dict):
-        modules = [m for n, m in obj.components.items() if isinstance(m, torch.nn.Module) and n.startswith("transformer")]
+        modules = [m for n, m in obj.components.items() if isinstance(m, torch.nn.Module) and is_transformer_component(n)]
     else:
         raise TypeError(f"get_stats needs a diffusers pipeline or a torch.nn.Module, got {type(obj).__name__}")
     reasons = [m.__dict__.get(_INACTIVE_ATTR) for m in modules]

@@ -59,6 +59,12 @@ ZOO_VERIFIED = "77 call paths of every diffusion transformer class of diffusers 
 _logged: set[str] = set()
 
 
+def is_transformer_component(name: str) -> bool:
+    """Whether a pipeline component of this name is a denoising transformer: ``transformer``, ``transformer_2`` (Wan
+    2.2) or a ``*_transformer`` (Ideogram's ``unconditional_transformer``)."""
+    return name.startswith("transformer") or name.endswith("_transformer")
+
+
 def _is_diffusers_model(module: torch.nn.Module) -> bool:
     try:
         from diffusers.models.modeling_utils import ModelMixin

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from .accelerate import get_stats
+from .families import is_transformer_component
 
 logger = logging.getLogger("bcg_diffusion")
 
@@ -216,5 +217,5 @@ def _schedulers(pipe: Any) -> Iterator[Any]:
 
 def _denoisers(pipe: Any) -> Iterator[torch.nn.Module]:
     for name, component in pipe.components.items():
-        if isinstance(component, torch.nn.Module) and (name.startswith("transformer") or name == "unet"):
+        if isinstance(component, torch.nn.Module) and (is_transformer_component(name) or name == "unet"):
             yield component

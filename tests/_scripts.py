@@ -26,6 +26,7 @@ MODULES = {
     "bench_offload": "bcg_diffusion.benchmarks.offload.bench_offload",
     "zoo_bench": "bcg_diffusion.benchmarks.zoo.zoo_bench",
     "zoo_probe": "bcg_diffusion.benchmarks.zoo.zoo_probe",
+    "pipeline_zoo_probe": "bcg_diffusion.benchmarks.zoo.pipeline_probe",
     "capture_profile": "bcg_diffusion.benchmarks.profile.capture_profile",
     "compile_cache_check": "bcg_diffusion.benchmarks.profile.compile_cache_check",
     "smoke_full_pipelines": "bcg_diffusion.checks.smoke_full_pipelines",

@@ -5,8 +5,9 @@ Commands (each also ``python scripts/<name>.py``):
 - :mod:`.step`: the per-step latency benchmark (:mod:`.step.bench_step`, the ``bcg-bench`` command) and its
   parts: cases, the registry of modes, measuring, the whole-pipeline rows, reports, ``--processes``.
 - :mod:`.shapes`: what each new shape costs, per mode (:mod:`.shapes.bench_shapes`, on :mod:`.shapes.scenario`).
-- :mod:`.zoo`: per-call benchmark of the full-size zoo cases (:mod:`.zoo.zoo_bench`) and every diffusers
-  transformer class on tiny configs, eager against accelerated (:mod:`.zoo.zoo_probe`).
+- :mod:`.zoo`: per-call benchmark of the full-size zoo cases (:mod:`.zoo.zoo_bench`), every diffusers
+  transformer class on tiny configs, eager against accelerated (:mod:`.zoo.zoo_probe`), and every diffusers pipeline
+  class that runs a transformer, accelerated against an eager twin (:mod:`.zoo.pipeline_probe`).
 - :mod:`.cache_dit`: cache-dit under BCG, per image.
 - :mod:`.stack`: the speed stack, layer by layer, per image (eager, graphs, + compile, + float8, + step cache).
 - :mod:`.profile`: where a capture's time goes (:mod:`.profile.capture_profile`) and compile + BCG set-up with a

@@ -249,6 +249,17 @@ def test_not_a_pipeline():
         acc._transformers_of(object())
 
 
+def test_every_denoising_transformer_component_is_taken():
+    """Wan 2.2's transformer_2 and Ideogram's unconditional_transformer are transformers too (the pipeline zoo found
+    the latter left eager); text encoders and the VAE are not."""
+    class Pipe:
+        components = {name: torch.nn.Linear(1, 1) for name in
+                      ("transformer", "transformer_2", "unconditional_transformer", "text_encoder", "vae")}
+        components["scheduler"] = object()
+
+    assert [name for name, _ in acc._transformers_of(Pipe())] == ["transformer", "transformer_2", "unconditional_transformer"]
+
+
 def test_bare_transformer_checks_weights_every_call(pretend_cuda):
     model = bcg.accelerate_transformer(FluxTransformer2DModel())
     runner = acc._runners(model)[0]

@@ -1,0 +1,55 @@
+"""The pipeline zoo on the GPU: a fast subset of diffusers pipeline classes, one of each of 15 family groups, each
+accelerated with ``accelerate_pipeline`` and called as the probe calls it (three seeds, two outputs per prompt, a
+step-end callback that edits the latents), every output bitwise equal to an eager twin built with the same seed, and
+every transformer call after a key's first served by replayed graphs. The whole zoo runs in
+``scripts/pipeline_zoo_probe.py`` (docs/pipelines.md)."""
+
+import pytest
+import torch
+
+from bcg_diffusion.benchmarks.zoo.pipeline_calls import Settings, probe_class
+from bcg_pipelines import pipeline_zoo
+
+pytestmark = pytest.mark.gpu
+
+#: One class per family group, each taking a path of its own (masks, control images, reference latents in the
+#: sequence, image latents on channels, per-frame timesteps, a ControlNet sharing the transformer's modules, PAG).
+SUBSET = [
+    "FluxFillPipeline",                      # flux: masked-image latents and the packed mask on channels
+    "FluxKontextPipeline",                   # flux: reference-image tokens in the sequence
+    "StableDiffusion3ControlNetPipeline",    # stable_diffusion_3: ControlNet residuals, batched CFG
+    "PixArtSigmaPAGPipeline",                # pixart_alpha: perturbed-attention guidance, legacy callback
+    "SanaSprintPipeline",                    # sana: guidance embedding, SCM scheduler
+    "WanImageToVideoPipeline",               # wan: CLIP image embedding, image latents on channels
+    "QwenImageEditPipeline",                 # qwenimage: Qwen2-VL processor, edit tokens in the sequence
+    "LTXConditionPipeline",                  # ltx: image and video conditions as latent tokens
+    "CogVideoXImageToVideoPipeline",         # cogvideo
+    "ZImageControlNetPipeline",              # z_image: the ControlNet shares the transformer's modules
+    "ChromaInpaintPipeline",                 # chroma
+    "Flux2KleinPipeline",                    # flux2: Qwen3 text, two calls per step
+    "HunyuanVideoFramepackPipeline",         # hunyuan_video: history latents, SigLIP image embedding
+    "SkyReelsV2DiffusionForcingPipeline",    # skyreels_v2: per-frame timesteps
+    "HunyuanDiTPipeline",                    # hunyuandit: BERT + T5, rotary tables per call
+    "Cosmos2VideoToWorldPipeline",           # cosmos
+]
+
+
+def test_the_subset_spans_at_least_ten_family_groups():
+    groups = {pipeline_zoo.group_of(pipeline_zoo.get_case(name)) for name in SUBSET}
+    assert len(groups) >= 10, sorted(groups)
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_pipeline_replays_and_matches_its_eager_twin(name):
+    result = probe_class(pipeline_zoo.get_case(name), Settings(torch.device("cuda"), torch.bfloat16))
+    detail = f"{result.status} ({result.phase}: {result.error}) {result.reason}\n{(result.stats or {}).get('text')}"
+    assert result.eager_repeatable, f"{name}: the eager twin does not repeat itself: {detail}"
+    assert result.status == "replayed", detail
+    compared = [c for c in result.calls if c.bitwise is not None]
+    assert len(compared) >= 4, [(c.label, c.note) for c in result.calls]
+    for call in compared:
+        assert call.bitwise, f"{name}, call {call.label}: differs from the eager twin by {call.max_diff}"
+    later = [c for c in compared if c.label in ("seed 2", "seed 3", "callback")]
+    assert all(c.counters["hits"] > 0 and c.counters["eager_calls"] == 0 for c in later), \
+        [(c.label, c.counters) for c in later]
+    assert not result.accelerate_warnings, result.accelerate_warnings
