@@ -1,4 +1,4 @@
-"""Fault rules for the tests (``KIND:PROMPT``, :mod:`bcg_diffusion.serving.fault_rules`): installed in this process
+"""Fault rules for the tests (``KIND:PROMPT``, :mod:`bcg_diffusion.serving.load.fault_rules`): installed in this process
 through the server's fault seam, or handed to the servers a test starts.
 
 - :func:`installed` installs rules in this process (in-process servers and runners) and removes them after;
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from bcg_diffusion.serving.fault_rules import PromptFaults
+from bcg_diffusion.serving.load.fault_rules import PromptFaults
 from bcg_diffusion.serving.faults import install_fault_hook
 
 ENV_FAULTS = "BCG_DIFFUSION_TEST_FAULTS"

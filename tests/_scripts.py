@@ -17,8 +17,8 @@ SCRIPTS = ROOT / "scripts"
 MODULES = {
     "generate": "bcg_diffusion.cli.generate",
     "serve": "bcg_diffusion.serving.serve_command",
-    "load": "bcg_diffusion.serving.load_test",
-    "make_loras": "bcg_diffusion.serving.lora_maker",
+    "load": "bcg_diffusion.serving.load.command",
+    "make_loras": "bcg_diffusion.serving.adapters.lora_maker",
     "bench_step": "bcg_diffusion.benchmarks.step.bench_step",
     "bench_shapes": "bcg_diffusion.benchmarks.shapes.bench_shapes",
     "bench_cache_dit": "bcg_diffusion.benchmarks.cache_dit.cache_dit_bench",

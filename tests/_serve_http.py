@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from bcg_diffusion.serving.png import pixel_hash
+from bcg_diffusion.serving.http.png import pixel_hash
 
 REQUEST_TIMEOUT_S = 120.0
 PATH = "/v1/images/generations"

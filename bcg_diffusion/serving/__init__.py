@@ -1,27 +1,26 @@
 """The ``bcg-serve`` command (an OpenAI images API server, ``python scripts/serve.py``) and the ``bcg-load``
 command (its load test, ``python scripts/load.py``).
 
+A request's way: body -> :class:`~.requests.GenerationJob` (:mod:`.requests`) -> :meth:`.state.ServerState.submit`
+-> a :class:`~.calls.Batch` (alone, or formed by :mod:`.batching`) -> its :class:`~.calls.PipelineCall` ->
+:class:`~.runner.CallRunner` on the worker thread (:mod:`.worker`). The warm-up takes the same way.
+
 Modules, one job each:
 
-- :mod:`.server`: the serve command: options, build, speed-ups, warm-up, listen.
-- :mod:`.granularity`: the pixel multiple a request's size must respect, read from the pipeline.
-- :mod:`.requests`: the request body (pydantic), its validation and the job it becomes; :mod:`.errors` the
-  errors a request gets; :mod:`.catalog` the served model ids.
-- :mod:`.calls`: a job's way to the pipeline as values (batch, pipeline call, result); :mod:`.runner` runs the calls,
-  :mod:`.worker` is the one thread they run on; :mod:`.state` the running server (``submit``).
-- :mod:`.startup_warmup`: the warm-up before listening (default jobs through the same calls).
-- :mod:`.faults`: the seam through which tests inject faults into pipeline calls; :mod:`.fault_rules` the load
-  tools' rules and :mod:`.fault_server` ``bcg-serve`` with them installed.
-- :mod:`.adapters`: LoRA adapters chosen per request (one hot-swap slot, an LRU of adapters on the device);
-  :mod:`.adapter_options` the ``--lora`` options and their start-up; :mod:`.lora_maker` the ``make_loras.py``
-  command (random adapters for tests and load runs).
-- :mod:`.app`: the FastAPI application (assembly, OpenAI-style errors, the API key); :mod:`.routes` its routes.
-- :mod:`.listen`: running the app with uvicorn on a bound socket (``--port 0``).
-- :mod:`.png`: PNG + base64 encoding and the hashes the load test compares.
-- :mod:`.load_test`: the load command; its parts :mod:`.load_mix` (the request mix), :mod:`.load_run`
-  (sending it), :mod:`.load_report` (summaries, the cross-check) and :mod:`.spawn` (servers it starts).
-- :mod:`.soak`: the server soak (``python -m bcg_diffusion.serving.soak``): thousands of requests of every kind,
-  memory checkpoints, every answer checked; :mod:`.soak_report` its checks and reports.
+- :mod:`.serve_command`: the command's entry (one process, or ``--replicas``); :mod:`.server` its options and the
+  one-process start; :mod:`.server_plan` the command line read once into a plan; :mod:`.server_build` the server
+  assembled once from the plan (build, speed stack, adapters, BCG, planner, batching, warm-up).
+- :mod:`.catalog`: the served model ids (base model and adapters).
+- :mod:`.requests`: the request body (pydantic), its validation and the job it becomes; :mod:`.errors` the errors a
+  request gets; :mod:`.granularity` the pixel multiple a size must respect.
+- :mod:`.calls`: a job's way to the pipeline as values (batch, pipeline call, result); :mod:`.runner` runs the calls;
+  :mod:`.worker` is the one thread they run on; :mod:`.state` the running server.
+- :mod:`.startup_warmup`: the warm-up before listening.
+- :mod:`.faults`: the seam through which tests inject faults into pipeline calls.
+
+Subpackages, one job each: :mod:`.http` (the application, its routes, listening), :mod:`.batching` (request and
+step batching), :mod:`.adapters` (LoRA adapters), :mod:`.replicas` (Ray Serve replicas), :mod:`.load` (the load test,
+the soak, the benchmarks, fault rules).
 
 The FastAPI, uvicorn and httpx imports are the ``serve`` extra (``pip install -e ".[serve]"``); the commands
 say so when it is missing instead of failing on import.

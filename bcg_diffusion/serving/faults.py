@@ -6,7 +6,7 @@ pipeline call (and every step-batched request), about the prompts it holds; a fa
 the call's first denoising step (before the call, for a pipeline without a step callback), where it may raise
 (:class:`InjectedFailure`, or a ``torch.OutOfMemoryError``) or stall. A failure there fails the call as any
 failure inside the pipeline does. The rules ``bcg-load``'s soak uses are
-:class:`~bcg_diffusion.serving.fault_rules.PromptFaults`.
+:class:`~bcg_diffusion.serving.load.fault_rules.PromptFaults`.
 """
 
 from __future__ import annotations

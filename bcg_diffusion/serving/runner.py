@@ -1,7 +1,7 @@
 """The pipeline calls of the server, run: :class:`CallRunner` takes a :class:`~.calls.PipelineCall` (a request's,
 a batch's, or the warm-up's) and runs it on the pipeline, on the worker thread (:class:`~.worker.PipelineWorker`).
 
-Before a call the runner selects the call's adapter (with an :class:`~.adapters.AdapterBank`) and resets a step
+Before a call the runner selects the call's adapter (with an :class:`~.adapters.bank.AdapterBank`) and resets a step
 cache's state (``before_call``: a call that failed half-way leaves it), so an image depends on its request alone;
 every call runs in the server's grad mode (:func:`~.worker.request_grad_mode`). After a failure the pipeline is left
 as it is (every diffusers call resets its scheduler and per-call state); after an out-of-memory error the CUDA cache
@@ -17,7 +17,9 @@ import logging
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
+from PIL import Image
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
@@ -25,15 +27,28 @@ from bcg_diffusion.toolkit.stack import compiled_graphs
 
 from .calls import GenerationResult, PipelineCall
 from .faults import Fault, InjectedFailure, fault_for
-from .png import to_pil_images
 from .worker import ServerCounters, request_grad_mode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PER_SHAPE_KEYS", "CallRunner", "stats_dict"]
+__all__ = ["PER_SHAPE_KEYS", "CallRunner", "stats_dict", "to_pil_images"]
 
 #: Keys of a call that the library's warm-up sets per shape (or leaves to its own default).
 PER_SHAPE_KEYS = ("height", "width", "num_inference_steps")
+
+
+def to_pil_images(generated) -> list[Image.Image]:
+    """A pipeline's images (PIL images, or a float array/tensor in [0, 1] of shape (B, H, W, C)) as RGB PIL
+    images, converted to uint8 as diffusers does (``round(x * 255)``)."""
+    if isinstance(generated, Image.Image):
+        generated = [generated]
+    if isinstance(generated, (list, tuple)) and all(isinstance(im, Image.Image) for im in generated):
+        return [im.convert("RGB") if im.mode != "RGB" else im for im in generated]
+    array = np.asarray(generated.cpu().float() if hasattr(generated, "cpu") else generated)
+    if array.ndim != 4:
+        raise ValueError(f"expected images of shape (batch, height, width, channels), got {array.shape}")
+    array = (np.clip(array, 0.0, 1.0) * 255).round().astype("uint8")
+    return [Image.fromarray(a[..., :3] if a.shape[-1] >= 3 else a[..., 0]).convert("RGB") for a in array]
 
 
 def stats_dict(pipe) -> dict[str, Any] | None:
@@ -44,7 +59,7 @@ def stats_dict(pipe) -> dict[str, Any] | None:
 
 class CallRunner:
     """Runs :class:`~.calls.PipelineCall` on ``pipe``: call it only from the worker thread (see the module's
-    docstring). ``adapters``: the :class:`~.adapters.AdapterBank` (``None`` without adapters); ``before_call``: run
+    docstring). ``adapters``: the :class:`~.adapters.bank.AdapterBank` (``None`` without adapters); ``before_call``: run
     before every call (a step cache's reset; ``None``: nothing)."""
 
     def __init__(self, pipe, device: torch.device, counters: ServerCounters, *, adapters=None,

@@ -1,5 +1,5 @@
 """The ``bcg-serve`` command: one process (:mod:`.server`), or with ``--replicas`` the same application as
-replicas on a local Ray Serve instance (:mod:`.ray_run`, the only path that imports Ray).
+replicas on a local Ray Serve instance (:mod:`.replicas.ray_run`, the only path that imports Ray).
 
 Kept apart from :mod:`.server` so that the server's modules never import the replica modules, which build
 their replicas from the server's own steps (no import circle).
@@ -12,7 +12,7 @@ import sys
 from bcg_diffusion.toolkit.options import Failure
 
 from . import server
-from .replica_options import ReplicaOptionsError, replica_options_from_args
+from .replicas.options import ReplicaOptionsError, replica_options_from_args
 
 __all__ = ["build_parser", "main", "start_replicas"]
 
@@ -23,8 +23,8 @@ def build_parser():
 
 
 def start_replicas(args, parser, replicas) -> int:
-    """``--replicas N``: the same application as replicas on a local Ray Serve instance (:mod:`.ray_run`)."""
-    from .ray_run import missing_ray, run_replicas
+    """``--replicas N``: the same application as replicas on a local Ray Serve instance (:mod:`.replicas.ray_run`)."""
+    from .replicas.ray_run import missing_ray, run_replicas
 
     if missing_ray():
         parser.error(missing_ray())

@@ -26,16 +26,16 @@ from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 from bcg_diffusion.toolkit.stack_options import add_stack_options
 
-from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
-from .replica_options import add_replica_arguments  # no Ray
+from .batching.stepping.config import POLICIES  # no diffusers: --help stays light
+from .http.listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
+from .replicas.options import add_replica_arguments  # no Ray
 from .server_plan import prog
-from .stepping.config import POLICIES  # no diffusers: --help stays light
 
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 try:
-    from .adapter_options import add_lora_options
-    from .app import create_app
-    from .batching import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT
+    from .adapters.options import add_lora_options
+    from .batching.request_batching import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT
+    from .http.app import create_app
     from .server_build import build_server
     from .server_plan import read_plan
 except ModuleNotFoundError as exc:  # the serve extra is not installed

@@ -1,7 +1,7 @@
 """The server's start-up from a :class:`~.server_plan.ServerPlan`: build the pipeline, quantize it, attach the
 adapters, apply the rest of the speed stack and BCG, plan requests, set up batching, warm up, and return the
-:class:`~.app.ServerState` that :func:`~.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its
-Ray Serve replicas (:mod:`.replica_state`). A failed build or warm-up raises
+:class:`~.state.ServerState` that :func:`~.http.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its
+Ray Serve replicas (:mod:`.replicas.state`). A failed build or warm-up raises
 :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 1, or 2 for what the options asked and the model cannot
 do); the lines printed say what was built.
 """
@@ -22,16 +22,16 @@ from bcg_diffusion.toolkit.speedups import speed_up
 from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compiled_graphs, quantize_layer
 from bcg_pipelines.calls import BATCH_KWARGS
 
-from .adapter_options import attach_adapters
-from .batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
-from .step_batching import StepBatcher
-from .stepping import StepError
-from .granularity import pixel_granularity
+from .adapters.options import attach_adapters
+from .batching.request_batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher
+from .batching.step_batching import StepBatcher
+from .batching.stepping import StepError
 from .errors import RequestError
+from .granularity import pixel_granularity
 from .requests import RequestLimits, RequestPlanner
+from .runner import CallRunner
 from .server_plan import ServerPlan, prog
 from .startup_warmup import WarmupPlan, plan_warmup, run_warmup
-from .runner import CallRunner
 from .state import ServerState
 from .worker import PipelineWorker, ServerCounters
 

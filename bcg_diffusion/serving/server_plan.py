@@ -2,8 +2,8 @@
 the start-up (:mod:`.server_build`) reads instead of the raw ``argparse`` namespace.
 
 :func:`read_plan` reports a bad option through ``parser.error`` (exit code 2, one line saying what to change), before
-anything is built; the replicas' parser (:mod:`.replica_state`) raises there instead. The serve extra's modules
-(:mod:`.requests`, :mod:`.worker`) are imported where used, so :mod:`.server` reads this module's constants (its
+anything is built; the replicas' parser (:mod:`.replicas.state`) raises there instead. The serve extra's modules
+(:mod:`.requests`) are imported where used, so :mod:`.server` reads this module's constants (its
 ``--help``) without the extra.
 """
 
@@ -22,11 +22,11 @@ from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_q
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, command_name, family_or_checkpoint
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
-from .adapter_options import lora_specs
-from .adapters import AdapterSpec
+from .adapters.bank import AdapterSpec
+from .adapters.options import lora_specs
+from .batching.stepping.config import STEP_PIPELINES, StepConfig
 from .catalog import ModelCatalog
-from .listen import API_KEY_VARIABLE, warn_if_open
-from .stepping.config import STEP_PIPELINES, StepConfig
+from .http.listen import API_KEY_VARIABLE, warn_if_open
 
 __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "AdapterPlan", "BatchingPlan", "ModelPlan", "RequestPlan",
            "ServerPlan", "prog", "read_plan"]

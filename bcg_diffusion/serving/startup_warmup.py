@@ -82,7 +82,7 @@ class CombinedWarmupReport:
 
 def warmup_batch(planner: RequestPlanner, size: tuple[int, int], shapes=None, adapter: str | None = None) -> Batch:
     """The batch a request of ``size`` with only a prompt (for ``adapter``; ``None``: the base model) makes: alone,
-    or at the rows its size is batched at (``shapes``: a :class:`.batching.BatchShapes`; ``None``: no batching).
+    or at the rows its size is batched at (``shapes``: a :class:`.batching.request_batching.BatchShapes`; ``None``: no batching).
     ``RequestError`` where that request is not valid."""
     job = planner.default_job(*size, model=adapter)  # the same checks as a request of that size
     rows = shapes.rows_of(job) if shapes is not None else 1

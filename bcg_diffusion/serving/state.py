@@ -1,5 +1,5 @@
 """What a running server is: :class:`ServerState`, made once by the start-up (:func:`~.server_build.build_server`)
-and read by the routes (:mod:`.app`, :mod:`.routes`), the same in the one process and in every Ray Serve replica.
+and read by the routes (:mod:`.http.app`, :mod:`.http.routes`), the same in the one process and in every Ray Serve replica.
 :meth:`ServerState.submit` is the one way of a request's job to the pipeline."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class ServerState:
     ``worker`` is the pipeline's thread and ``runner`` runs the calls on it; ``info`` describes the server (model,
     options, warm-up) for ``/stats``; ``max_queue`` bounds the requests waiting or running (more get a 503);
     ``api_key``, when set, is required on every route but ``/health`` (a 401 otherwise); ``batcher``, when set,
-    gathers the requests it batches (:mod:`.batching`, :mod:`.step_batching`; the others run alone)."""
+    gathers the requests it batches (:mod:`.batching`; the others run alone)."""
 
     planner: RequestPlanner
     worker: PipelineWorker

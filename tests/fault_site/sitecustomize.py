@@ -4,7 +4,7 @@ servers in processes of Ray's own (test-only).
 ``tests/_faults.py`` puts this folder on the ``PYTHONPATH`` of such a server and sets ``BCG_DIFFUSION_TEST_FAULTS``
 to its rules (``KIND:PROMPT``, comma-separated). Nothing is imported at start-up: once the server's fault seam
 (``bcg_diffusion.serving.faults``) is imported, the rules are installed through it, as
-``bcg_diffusion.serving.fault_server`` installs them in a single server. A ``sitecustomize`` further along the path
+``bcg_diffusion.serving.load.fault_server`` installs them in a single server. A ``sitecustomize`` further along the path
 (``tests/sabotage_site``'s, in a sabotaged session) runs too.
 """
 
@@ -34,7 +34,7 @@ class _AfterSeam(importlib.abc.MetaPathFinder):
 
         def exec_module(module):  # noqa: ANN001, ANN202
             run(module)
-            from bcg_diffusion.serving.fault_rules import PromptFaults
+            from bcg_diffusion.serving.load.fault_rules import PromptFaults
 
             module.install_fault_hook(PromptFaults.from_texts(os.environ[_RULES].split(",")))
 

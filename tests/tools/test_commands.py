@@ -47,7 +47,8 @@ def test_serve_and_load_answer_help_without_the_serve_extra(tmp_path):
                 return None
 
         sys.meta_path.insert(0, NoServeExtra())
-        from bcg_diffusion.serving import load_test, serve_command
+        from bcg_diffusion.serving import serve_command
+        from bcg_diffusion.serving.load import command as load_test
 
         assert not {"fastapi", "httpx", "uvicorn"} & set(sys.modules)
         for main in (load_test.main, serve_command.main):

@@ -42,7 +42,7 @@ FIXTURES = "bcg_pipelines"  # the folder pipelines/, as it installs
 KIT = "bcg_diffusion.toolkit"
 COMMAND_PACKAGES = ("bcg_diffusion.benchmarks", "bcg_diffusion.checks", "bcg_diffusion.cli", "bcg_diffusion.serving")
 #: Commands whose sub-packages are commands of their own (each benchmark job); a sub-package of another command
-#: (``bcg_diffusion.serving.stepping``) is a part of that command.
+#: (``bcg_diffusion.serving.batching``) is a part of that command.
 JOB_PACKAGES = ("bcg_diffusion.benchmarks",)
 TOOL_PACKAGES = (*COMMAND_PACKAGES, KIT)
 PUBLIC_MODULES = ("bcg_diffusion", "bcg_diffusion.core")
@@ -51,7 +51,7 @@ API_MODULES = ("bcg_diffusion", "bcg_diffusion.accelerate", "bcg_diffusion.compi
                "bcg_diffusion.warmup", "bcg_diffusion.weight_streaming")
 CORE_MAY_IMPORT = ("torch", "cuda")
 #: The only modules that import Ray (the optional ``ray`` extra): the single server runs without it.
-RAY_MODULES = ("bcg_diffusion.serving.ray_app", "bcg_diffusion.serving.ray_run")
+RAY_MODULES = ("bcg_diffusion.serving.replicas.ray_app", "bcg_diffusion.serving.replicas.ray_run")
 #: The prefix of the test suite's switches (``..._SABOTAGE``), spelt so that this file does not match itself.
 TEST_SWITCH = "BCG_DIFFUSION_" + "TEST_"
 #: ``sys.path`` writes, spelt so that this file does not match itself.
@@ -66,11 +66,11 @@ MAX_CLASS_ATTRIBUTES = 15  # annotated class-level names (dataclass fields) and 
 #: serving work under way lands (issue 45, the server part); that restructuring empties this list. integration/
 #: has none. A new offender fails the layer test, and so does an entry that no longer offends (remove it).
 SIZE_OFFENDERS = frozenset({
-    "bcg_diffusion/serving/batching_bench.py:run_family",  # 65 lines
-    "bcg_diffusion/serving/load_report.py:format_report",  # 67 lines
-    "bcg_diffusion/serving/load_run.py:run_load",  # 42 lines
-    "bcg_diffusion/serving/load_test.py:build_parser",  # 61 lines
-    "bcg_diffusion/serving/load_test.py:check_arguments",  # 44 lines
+    "bcg_diffusion/serving/load/batching_bench.py:run_family",  # 65 lines
+    "bcg_diffusion/serving/load/report.py:format_report",  # 67 lines
+    "bcg_diffusion/serving/load/run.py:run_load",  # 42 lines
+    "bcg_diffusion/serving/load/command.py:build_parser",  # 61 lines
+    "bcg_diffusion/serving/load/command.py:check_arguments",  # 44 lines
     "bcg_diffusion/serving/server.py:build_parser",  # 64 lines
 })
 
@@ -590,8 +590,8 @@ def test_circles_are_the_loops_of_the_import_graph():
     ("scripts/generate.py", "import sys\nimport os\nfrom bcg_diffusion.cli.generate import main\n"
      + "\n" * 10 + "main()\n", "not a thin launcher"),
     ("bcg_diffusion/cli/generate.py", "from ray import serve\n\ndef main():\n    pass\n", "only bcg_diffusion.serving"
-     ".ray_app, bcg_diffusion.serving.ray_run import Ray"),
-    ("bcg_diffusion/accelerate.py", "import ray\n", "only bcg_diffusion.serving.ray_app"),
+     ".replicas.ray_app, bcg_diffusion.serving.replicas.ray_run import Ray"),
+    ("bcg_diffusion/accelerate.py", "import ray\n", "only bcg_diffusion.serving.replicas.ray_app"),
     ("bcg_diffusion/checks/__init__.py", "", "package bcg_diffusion.checks is not in [tool.setuptools] packages"),
     # the kit below the commands; no command imports another's modules; the library imports no tool; no circles
     ("bcg_diffusion/toolkit/options.py", "from bcg_diffusion.cli.generate import main\n",
@@ -618,7 +618,7 @@ def test_the_checker_reports_a_broken_rule(tmp_path, name, text, needle):
 
 
 #: The step scheduler's core: no HTTP, and nothing of the server around it (the server calls it, not the reverse).
-STEP_CORE = "bcg_diffusion.serving.stepping"
+STEP_CORE = "bcg_diffusion.serving.batching.stepping"
 HTTP_MODULES = ("fastapi", "starlette", "uvicorn", "httpx", "pydantic")
 
 

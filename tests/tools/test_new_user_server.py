@@ -17,9 +17,9 @@ import pytest
 
 from bcg_diffusion.serving import serve_command
 from bcg_diffusion.serving import server as serve
-from bcg_diffusion.serving.app import authorized
+from bcg_diffusion.serving.http.app import authorized
 from bcg_diffusion.serving.requests import MAX_BODY_BYTES, MAX_JSON_DEPTH, QUALITIES, STYLES
-from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready
+from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready
 
 START_TIMEOUT_S = 90
 REQUEST_TIMEOUT_S = 60
@@ -208,7 +208,7 @@ def test_host_without_a_key_warns_and_with_a_key_does_not(capsys, no_build, monk
 
 
 def test_load_sends_the_key(http, spawned, capsys):
-    from bcg_diffusion.serving import load_test
+    from bcg_diffusion.serving.load import command as load_test
 
     code = load_test.main(["--url", spawned.url, "--api-key", KEY, "--requests", "1", "--concurrency", "1",
                            "--sizes", "64x64", "--steps", "2"])

@@ -25,7 +25,7 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip ins
 from _faults import in_started_processes  # noqa: E402
 from _scripts import load_script  # noqa: E402
 
-from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
+from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready  # noqa: E402
 
 START_TIMEOUT_S = 400  # a bound on a start-up, not a speed claim (Ray and two replicas on a loaded 2-core machine)
 REQUEST_TIMEOUT_S = 120

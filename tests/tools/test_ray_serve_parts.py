@@ -8,15 +8,16 @@ import argparse
 
 import pytest
 
-from bcg_diffusion.serving import ray_run, serve_command, server, server_build
-from bcg_diffusion.serving.replica_options import (
+from bcg_diffusion.serving import serve_command, server, server_build
+from bcg_diffusion.serving.replicas import ray_run
+from bcg_diffusion.serving.replicas.options import (
     ReplicaOptions,
     ReplicaOptionsError,
     add_replica_arguments,
     replica_options_from_args,
     replica_options_from_mapping,
 )
-from bcg_diffusion.serving.replica_state import (
+from bcg_diffusion.serving.replicas.state import (
     ServerOptionsError,
     build_server_state,
     parse_server_args,
@@ -85,7 +86,7 @@ def test_serve_without_ray_says_what_to_install(capsys, monkeypatch):
 
 
 def test_build_app_describes_the_deployment_and_refuses_bad_args():
-    from bcg_diffusion.serving.ray_app import build_app
+    from bcg_diffusion.serving.replicas.ray_app import build_app
 
     app = build_app({"server_args": f"{TINY} --api-key k3y", "replicas": "2", "max_replicas": 3})
     deployment = app._bound_deployment
@@ -105,7 +106,7 @@ def test_build_app_describes_the_deployment_and_refuses_bad_args():
 
 
 def test_build_app_takes_the_api_key_from_the_environment(monkeypatch):
-    from bcg_diffusion.serving.ray_app import build_app
+    from bcg_diffusion.serving.replicas.ray_app import build_app
 
     monkeypatch.setenv(server.API_KEY_VARIABLE, "from-env")
     assert build_app({"server_args": TINY})._bound_deployment.init_args[0]["api_key"] == "from-env"

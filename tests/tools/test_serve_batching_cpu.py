@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.serving.batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher, batch_key
+from bcg_diffusion.serving.batching.request_batching import BatchPolicy, BatchShapes, BatchStats, RequestBatcher, batch_key
 from bcg_diffusion.serving.calls import Batch, row_seeds
 from bcg_diffusion.serving.faults import InjectedFailure
-from bcg_diffusion.serving.png import encode_png_b64, pixel_hash
+from bcg_diffusion.serving.http.png import encode_png_b64, pixel_hash
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import GenerationJob, ImageRequest, RequestLimits, RequestPlanner
-from bcg_diffusion.serving.spawn import spawned_servers
+from bcg_diffusion.serving.load.spawn import spawned_servers
 
 from _serve_http import pixels, post
 from _serve_http import stats as server_stats
@@ -432,7 +432,7 @@ def test_closed_loop_clients_fill_every_call_of_a_live_server(tmp_path):
 def test_load_reports_batching_models_and_the_alone_check(server, tmp_path, capsys):
     import json
 
-    from bcg_diffusion.serving import load_test
+    from bcg_diffusion.serving.load import command as load_test
 
     out = tmp_path / "load.json"
     code = load_test.main(["--url", server.url, "--requests", "8", "--concurrency", "4", "--sizes", "64x64",
@@ -453,7 +453,7 @@ def test_load_reports_batching_models_and_the_alone_check(server, tmp_path, caps
 
 
 def test_load_fails_on_an_unknown_model_and_on_a_missed_throughput_target(server, capsys):
-    from bcg_diffusion.serving import load_test
+    from bcg_diffusion.serving.load import command as load_test
 
     code = load_test.main(["--url", server.url, "--requests", "2", "--concurrency", "1", "--sizes", "64x64",
                            "--models", "flux,no-such-adapter", "--mix-seed", "3"])
@@ -463,7 +463,7 @@ def test_load_fails_on_an_unknown_model_and_on_a_missed_throughput_target(server
 
 
 def test_throughput_ratio_target():
-    from bcg_diffusion.serving.load_report import throughput_ratio
+    from bcg_diffusion.serving.load.report import throughput_ratio
 
     off = {"throughput_rps": 2.0, "latency_s": {"p99": 4.0}}
     on = {"throughput_rps": 4.0, "latency_s": {"p99": 3.0}}

@@ -16,7 +16,7 @@ from _serve_http import pixels, post, stats
 
 pytestmark = pytest.mark.gpu
 
-from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
+from bcg_diffusion.serving.load.spawn import spawned_servers  # noqa: E402
 
 START_TIMEOUT_S = 300
 STEPS = 3  # Flux (guidance-distilled) and PixArt (batched CFG) make one transformer call per step

@@ -33,10 +33,10 @@ import bcg_diffusion  # noqa: E402
 import bcg_pipelines as pipelines  # noqa: E402
 
 from bcg_diffusion.serving.granularity import derive_granularity  # noqa: E402
-from bcg_diffusion.serving.png import PNG_MAGIC  # noqa: E402
+from bcg_diffusion.serving.http.png import PNG_MAGIC  # noqa: E402
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import RequestLimits, RequestPlanner  # noqa: E402
-from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
+from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready  # noqa: E402
 from bcg_diffusion.serving.runner import CallRunner  # noqa: E402
 from bcg_diffusion.serving.startup_warmup import run_warmup  # noqa: E402
 from bcg_diffusion.serving.worker import ServerCounters  # noqa: E402
@@ -379,7 +379,7 @@ def test_serve_bad_options_exit_2_before_building(serve_script, capsys, hide_cud
 
 
 def test_the_fault_server_refuses_a_malformed_rule_and_replicas(capsys):
-    from bcg_diffusion.serving import fault_server
+    from bcg_diffusion.serving.load import fault_server
 
     assert fault_server.main(["--fault", "boom", "--", "--model", "flux"]) == 2
     assert "KIND:PROMPT" in capsys.readouterr().err
@@ -409,8 +409,8 @@ def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(tmp_path):
 
 
 def test_load_report_flags_errors_memory_growth_and_mismatches():
-    from bcg_diffusion.serving.load_report import cross_check, format_report, latency_ratios, summarize
-    from bcg_diffusion.serving.load_run import Outcome, ServerRun
+    from bcg_diffusion.serving.load.report import cross_check, format_report, latency_ratios, summarize
+    from bcg_diffusion.serving.load.run import Outcome, ServerRun
 
     def stats(allocated, captures):
         return {"server": {"warmup": {"sizes": ["64x64"]}}, "bcg": {"captures": captures},
@@ -442,7 +442,7 @@ def test_load_report_flags_errors_memory_growth_and_mismatches():
 def test_a_server_that_exits_at_start_is_reported_with_its_exit_code(tmp_path):
     """A server that dies before listening (here: bad arguments) is said to have exited, with the
     code and its log's tail (not as one that "did not listen" in time)."""
-    from bcg_diffusion.serving.spawn import SpawnError
+    from bcg_diffusion.serving.load.spawn import SpawnError
 
     spawned = start_server("--model no-such-family", tmp_path / "server.log")
     try:

@@ -14,7 +14,7 @@ from _serve_http import pixels, post, stats
 
 pytestmark = pytest.mark.gpu
 
-from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
+from bcg_diffusion.serving.load.spawn import spawned_servers  # noqa: E402
 
 START_TIMEOUT_S = 300
 WARMED = ("64x64", "80x64")
@@ -127,7 +127,7 @@ def test_failures_inside_the_pipeline_then_the_same_image(servers):
 def test_load_compare_eager_and_bcg(servers, tmp_path, capsys):
     import json
 
-    from bcg_diffusion.serving import load_test as load
+    from bcg_diffusion.serving.load import command as load
 
     _, eager, bcg = servers
     load = load_script("load")

@@ -26,10 +26,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.integration.fingerprint import WeightsFingerprint  # noqa: E402
 from bcg_diffusion.serving import serve_command, server  # noqa: E402
-from bcg_diffusion.serving.adapters import AdapterBank, AdapterSpec  # noqa: E402
-from bcg_diffusion.serving.app import create_app  # noqa: E402
+from bcg_diffusion.serving.adapters.bank import AdapterBank, AdapterSpec  # noqa: E402
+from bcg_diffusion.serving.http.app import create_app  # noqa: E402
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
-from bcg_diffusion.serving.png import encode_png_b64  # noqa: E402
+from bcg_diffusion.serving.http.png import encode_png_b64  # noqa: E402
 from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
 from bcg_diffusion.serving.server_build import build_server, make_planner  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
@@ -235,7 +235,7 @@ def test_a_pipeline_without_lora_support_is_refused_by_name(loras, capsys):
 
 # -- a live server and the load test ----------------------------------------------------------------------------
 def test_the_mix_draws_models_only_when_given():
-    from bcg_diffusion.serving.load_mix import MixSpec, build_mix
+    from bcg_diffusion.serving.load.mix import MixSpec, build_mix
 
     plain = build_mix(MixSpec(), 12)
     with_models = build_mix(MixSpec(models=(BASE, "anime")), 12)
@@ -245,7 +245,7 @@ def test_the_mix_draws_models_only_when_given():
 
 def test_a_live_server_serves_adapters_to_the_load_test(loras, tmp_path, capsys):
     from _scripts import load_script
-    from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready
+    from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready
 
     options = " ".join(f"--lora {name}={path}" for name, path in loras.items())
     spawned = start_server(f"--model flux --device cpu --steps 2 --warmup 64x64 --max-pixels 16384 --lora-gpu-slots 1 "
@@ -292,7 +292,7 @@ def test_a_batch_serves_one_adapter_and_equals_its_requests_alone(adapted):
 
 def test_a_replica_state_serves_the_adapters_too(loras):
     """Ray Serve replicas build their state as bcg-serve does (replica_state.py): with the adapters."""
-    from bcg_diffusion.serving.replica_state import build_server_state, parse_server_args, stop_server_state
+    from bcg_diffusion.serving.replicas.state import build_server_state, parse_server_args, stop_server_state
 
     args = parse_server_args(f"--model flux --device cpu --steps 2 --lora anime={loras['anime']} "
                              f"--lora noir={loras['noir']} --lora-gpu-slots 1")

@@ -16,11 +16,11 @@ import httpx
 import openai
 import pytest
 
-from bcg_diffusion.serving.app import MODELS_PATH, OWNED_BY, create_app
+from bcg_diffusion.serving.http.app import MODELS_PATH, OWNED_BY, create_app
 from bcg_diffusion.serving.catalog import ModelCatalog
 from bcg_diffusion.serving.state import ServerState
-from bcg_diffusion.serving.listen import BAD_HTTP_MESSAGE
-from bcg_diffusion.serving.spawn import spawned_servers
+from bcg_diffusion.serving.http.listen import BAD_HTTP_MESSAGE
+from bcg_diffusion.serving.load.spawn import spawned_servers
 
 START_TIMEOUT_S = 120  # a bound on a start-up, not a speed claim
 REQUEST_TIMEOUT_S = 60

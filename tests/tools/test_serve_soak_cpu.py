@@ -1,4 +1,4 @@
-"""The server soak (bcg_diffusion/serving/soak.py) on the CPU: its mix, the server options and fault rules it adds, and a short soak
+"""The server soak (bcg_diffusion/serving/load/soak.py) on the CPU: its mix, the server options and fault rules it adds, and a short soak
 of a live tiny Flux server (40 requests: images of two sizes, n 1 and 2, a LoRA adapter, batching, bad requests,
 injected faults, clients that disconnect, a client that sends its body slowly) with every check of the full run
 (GPU memory: not measured without a GPU). The server listens on 127.0.0.1 and is stopped by the soak."""
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from bcg_diffusion.serving import soak  # noqa: E402
-from bcg_diffusion.serving.soak_report import checks_of  # noqa: E402
+from bcg_diffusion.serving.load import soak  # noqa: E402
+from bcg_diffusion.serving.load.soak_report import checks_of  # noqa: E402
 
 
 def test_the_mix_is_seeded_and_holds_every_kind():

@@ -14,7 +14,7 @@ from _serve_http import pixels, post, stats
 
 pytestmark = pytest.mark.gpu
 
-from bcg_diffusion.serving.spawn import spawned_servers  # noqa: E402
+from bcg_diffusion.serving.load.spawn import spawned_servers  # noqa: E402
 
 START_TIMEOUT_S = 300
 WARMED = ("64x64", "80x64")

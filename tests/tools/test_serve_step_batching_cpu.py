@@ -18,13 +18,13 @@ import torch
 import uvicorn
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.serving import load_test
-from bcg_diffusion.serving.batching import BatchPolicy, BatchShapes
-from bcg_diffusion.serving.app import create_app
-from bcg_diffusion.serving.listen import bind_socket, url_of
-from bcg_diffusion.serving.load_run import poisson_arrivals
-from bcg_diffusion.serving.png import encode_png_b64, pixel_hash
-from bcg_diffusion.serving.replica_state import (
+from bcg_diffusion.serving.load import command as load_test
+from bcg_diffusion.serving.batching.request_batching import BatchPolicy, BatchShapes
+from bcg_diffusion.serving.http.app import create_app
+from bcg_diffusion.serving.http.listen import bind_socket, url_of
+from bcg_diffusion.serving.load.run import poisson_arrivals
+from bcg_diffusion.serving.http.png import encode_png_b64, pixel_hash
+from bcg_diffusion.serving.replicas.state import (
     ServerOptionsError,
     build_server_state,
     check_server_args,
@@ -32,8 +32,8 @@ from bcg_diffusion.serving.replica_state import (
 )
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import ImageRequest, RequestLimits, RequestPlanner
-from bcg_diffusion.serving.step_batching import StepBatcher
-from bcg_diffusion.serving.stepping import StepConfig, StepError
+from bcg_diffusion.serving.batching.step_batching import StepBatcher
+from bcg_diffusion.serving.batching.stepping import StepConfig, StepError
 from bcg_diffusion.serving.faults import InjectedFailure
 from bcg_diffusion.serving.runner import CallRunner
 from bcg_diffusion.serving.worker import PipelineWorker, ServerCounters

@@ -26,8 +26,8 @@ from bcg_diffusion.cli import args as cli_args
 from bcg_diffusion.cli import generate
 from bcg_diffusion.cli import plan as cli_plan
 from bcg_diffusion.serving import serve_command, server, server_plan
-from bcg_diffusion.serving.app import create_app
-from bcg_diffusion.serving.replica_state import (
+from bcg_diffusion.serving.http.app import create_app
+from bcg_diffusion.serving.replicas.state import (
     ServerOptionsError,
     build_server_state,
     check_server_args,

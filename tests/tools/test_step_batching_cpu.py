@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.serving.stepping import (
+from bcg_diffusion.serving.batching.stepping import (
     FILLER_PROMPT,
     FILLER_SEED,
     STEP_PIPELINES,
@@ -23,7 +23,7 @@ from bcg_diffusion.serving.stepping import (
     StepScheduler,
     loop_for,
 )
-from bcg_diffusion.serving.stepping.loops import LOOPS
+from bcg_diffusion.serving.batching.stepping.loops import LOOPS
 
 ROWS = 3
 FAMILIES = ("pixart", "sana", "sd3", "flux", "wan")
@@ -205,7 +205,7 @@ def test_failures_fail_their_request_or_their_batch_and_the_scheduler_goes_on(pi
 
 
 def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeypatch):
-    from bcg_diffusion.serving.stepping import scheduler as scheduler_module
+    from bcg_diffusion.serving.batching.stepping import scheduler as scheduler_module
 
     monkeypatch.setattr(scheduler_module, "IDLE_BATCHES", 1)
     pipe = pipes["flux"]
@@ -219,7 +219,7 @@ def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeyp
 
 def test_the_host_runs_at_most_one_step_ahead_of_the_device():
     """The CUDA pacing of every step (its events are faked here): after queueing step N, wait for step N - 1."""
-    from bcg_diffusion.serving.stepping.loop import DevicePacer
+    from bcg_diffusion.serving.batching.stepping.loop import DevicePacer
 
     waited = []
 

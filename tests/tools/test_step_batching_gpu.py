@@ -19,8 +19,8 @@ import torch
 
 import bcg_diffusion as bcg
 import bcg_pipelines as pipelines
-from bcg_diffusion.serving.spawn import spawned_servers
-from bcg_diffusion.serving.stepping import (
+from bcg_diffusion.serving.load.spawn import spawned_servers
+from bcg_diffusion.serving.batching.stepping import (
     FILLER_PROMPT,
     FILLER_SEED,
     StepConfig,

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .catalog import ModelCatalog
+from ..catalog import ModelCatalog
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The server's LoRA options (``--lora NAME=PATH``, ``--lora-rank``, ``--lora-gpu-slots``), checked once with the
-command line, and the adapters loaded at start-up (:class:`.adapters.AdapterBank`). Any adapter that cannot be served
+command line, and the adapters loaded at start-up (:class:`.bank.AdapterBank`). Any adapter that cannot be served
 stops the server before it listens, with a message naming the adapter (exit code 2)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import logging
 
 from bcg_diffusion.toolkit.options import Failure
 
-from .adapters import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
-from .catalog import ModelCatalog
+from ..catalog import ModelCatalog
+from .bank import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
 
 
 def attach_adapters(pipe, adapters, catalog: ModelCatalog, prog: str) -> AdapterBank | None:
-    """Load the adapters of ``adapters`` (a :class:`~.server_plan.AdapterPlan`: the specs, ``--lora-rank``,
+    """Load the adapters of ``adapters`` (a :class:`~..server_plan.AdapterPlan`: the specs, ``--lora-rank``,
     ``--lora-gpu-slots``) into ``pipe``'s transformer (before BCG or compile touch it), in the order of ``catalog``;
     ``None`` without any. :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot
     be served."""

@@ -2,14 +2,14 @@
 
 What may share a call (:func:`batch_key`): everything of the pipeline call but the prompt and the number of
 images, i.e. the same size, steps, guidance, negative prompt and every other setting, and the same adapter and
-adapter scale. Each request keeps its own prompt, seed and ``n``: the batcher forms a :class:`~.calls.Batch`, whose
+adapter scale. Each request keeps its own prompt, seed and ``n``: the batcher forms a :class:`~..calls.Batch`, whose
 call gets a list of prompts (one per image) and a list of generators (one per image: image ``i`` of a request with
-seed ``s`` draws its noise from ``torch.Generator().manual_seed(s + i)``, modulo 2**64; :mod:`.calls`).
+seed ``s`` draws its noise from ``torch.Generator().manual_seed(s + i)``, modulo 2**64; :mod:`..calls`).
 
 **Reproducibility rule**: a request's images do not depend on what it was batched with, nor where in the batch
 it sat. Kernels may compute a row differently when the batch has another size (another GEMM tiling, another
 attention split), so every batched call of a key runs the same, fixed number of rows, ``--max-batch``: the rows
-the requests leave free are filled with filler rows (the first row's prompt, seed :data:`.calls.FILLER_SEED`) whose
+the requests leave free are filled with filler rows (the first row's prompt, seed :data:`..calls.FILLER_SEED`) whose
 images are dropped. Every kernel then sees the same shapes whatever the batch holds, and no kernel mixes rows,
 so a row's result depends on that row alone. The cost: a lone request pays for a full batch (``--max-batch``
 rows of work), so batching pays only while the server is loaded; with ``--max-batch 1`` nothing is batched and
@@ -40,8 +40,8 @@ from typing import Any, Callable
 import bcg_pipelines as pipelines
 from bcg_pipelines.calls import BATCH_KWARGS
 
-from .calls import Batch
-from .requests import GenerationJob
+from ..calls import Batch
+from ..requests import GenerationJob
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class RequestBatcher:
     """Gathers batchable requests and hands each batch to the pipeline worker as one call.
 
     ``submit(job)`` returns a future of ``(started, GenerationResult)`` for that job alone (as an unbatched call
-    gives). One thread forms :class:`~.calls.Batch` and runs each through ``run(batch)`` (one result per job) on the
+    gives). One thread forms :class:`~..calls.Batch` and runs each through ``run(batch)`` (one result per job) on the
     worker, waiting for it before forming the next: no batch starts while a call runs, and requests that arrive meanwhile queue for the
     next one. **The filling rule**: the batch of the oldest waiting request's key closes as soon as
 

@@ -1,11 +1,11 @@
 """The server's step batching (``--batching step``): its batchable requests go through one
-:class:`~.stepping.StepScheduler`, whose step boundaries run on the :class:`~.worker.PipelineWorker`.
+:class:`~.stepping.StepScheduler`, whose step boundaries run on the :class:`~..worker.PipelineWorker`.
 
 :class:`StepBatcher` has the request batcher's small interface (``batches``, ``submit``, ``pending``, ``alive``,
 ``stop``, ``stats.snapshot()``), so the application serves either. The scheduler is driven by a job on the worker
 that runs boundaries until nothing is left, and yields between two boundaries whenever other work waits for the
 worker (an unbatched request, a warm-up): it is submitted again behind that work. A request's adapter is selected
-through the server's :class:`~.runner.CallRunner` before each step of its batch. A request's answer is its
+through the server's :class:`~..runner.CallRunner` before each step of its batch. A request's answer is its
 images, the seconds from arrival to joining a running batch (the queue), from joining to its answer (the
 pipeline), the most requests that shared one of its steps and the batch's rows.
 """
@@ -20,15 +20,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .batching import BatchShapes
-from .calls import GenerationResult
-from .faults import fault_for
-from .png import to_pil_images
-from .requests import GenerationJob, RequestPlanner
-from .runner import CallRunner
-from .startup_warmup import WARMUP_STEPS
+from ..calls import GenerationResult
+from ..faults import fault_for
+from ..requests import GenerationJob, RequestPlanner
+from ..runner import CallRunner, to_pil_images
+from ..startup_warmup import WARMUP_STEPS
+from ..worker import PipelineWorker, request_grad_mode
+from .request_batching import BatchShapes
 from .stepping import StepConfig, StepRequest, StepScheduler
-from .worker import PipelineWorker, request_grad_mode
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ class StepBatcher:
 
     def _on_step(self, job: GenerationJob, counted: bool) -> Callable[[int], None]:
         """After each of the job's steps: count its pipeline call at the first; a fault a test installed
-        (:mod:`.faults`) runs there."""
+        (:mod:`..faults`) runs there."""
         fault = fault_for([job.prompt])
         counters = self.runner.counters
 

@@ -29,10 +29,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import bcg_diffusion
 
+from ..errors import RequestError
+from ..state import ServerState
 from . import routes
-from .errors import RequestError
 from .routes import OWNED_BY, error_response
-from .state import ServerState
 
 logger = logging.getLogger(__name__)
 

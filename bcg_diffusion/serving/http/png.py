@@ -6,26 +6,11 @@ import base64
 import hashlib
 import io
 
-import numpy as np
 from PIL import Image
 
-__all__ = ["decode_b64_png", "encode_png_b64", "payload_hash", "pixel_hash", "to_pil_images"]
+__all__ = ["decode_b64_png", "encode_png_b64", "payload_hash", "pixel_hash"]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def to_pil_images(generated) -> list[Image.Image]:
-    """A pipeline's images (PIL images, or a float array/tensor in [0, 1] of shape (B, H, W, C)) as RGB PIL
-    images, converted to uint8 as diffusers does (``round(x * 255)``)."""
-    if isinstance(generated, Image.Image):
-        generated = [generated]
-    if isinstance(generated, (list, tuple)) and all(isinstance(im, Image.Image) for im in generated):
-        return [im.convert("RGB") if im.mode != "RGB" else im for im in generated]
-    array = np.asarray(generated.cpu().float() if hasattr(generated, "cpu") else generated)
-    if array.ndim != 4:
-        raise ValueError(f"expected images of shape (batch, height, width, channels), got {array.shape}")
-    array = (np.clip(array, 0.0, 1.0) * 255).round().astype("uint8")
-    return [Image.fromarray(a[..., :3] if a.shape[-1] >= 3 else a[..., 0]).convert("RGB") for a in array]
 
 
 def encode_png_b64(image: Image.Image) -> str:

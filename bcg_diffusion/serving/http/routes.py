@@ -1,8 +1,8 @@
 """The routes of the application (:func:`.app.create_app`), plain functions of the request: the server they
-answer for is ``request.app.state.server`` (a :class:`~.state.ServerState`).
+answer for is ``request.app.state.server`` (a :class:`~..state.ServerState`).
 
-``POST /v1/images/generations`` takes a request's way to the pipeline: body -> job (:class:`~.requests.RequestPlanner`)
--> :meth:`~.state.ServerState.submit` (batch, pipeline call) -> its images as PNGs. ``GET /v1/models`` (and
+``POST /v1/images/generations`` takes a request's way to the pipeline: body -> job (:class:`~..requests.RequestPlanner`)
+-> :meth:`~..state.ServerState.submit` (batch, pipeline call) -> its images as PNGs. ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``GET /health`` and ``GET /stats`` read the server.
 """
 
@@ -18,10 +18,10 @@ import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from .errors import RequestError, body_too_large, model_not_found
+from ..errors import RequestError, body_too_large, model_not_found
+from ..requests import GenerationJob
+from ..state import ServerState
 from .png import encode_png_b64
-from .requests import GenerationJob
-from .state import ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def pipeline_error(exc: BaseException, job: GenerationJob) -> RequestError:
 
 
 async def generations(request: Request) -> JSONResponse:
-    """Generate ``n`` images for a prompt; the body is :class:`.requests.ImageRequest`. Every request is counted by
+    """Generate ``n`` images for a prompt; the body is :class:`..requests.ImageRequest`. Every request is counted by
     its answer's status; a bug here still answers in the OpenAI format."""
     state = server_of(request)
     state.counters.add("requests")

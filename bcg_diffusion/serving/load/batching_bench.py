@@ -15,7 +15,7 @@ Flux.1-dev (512x512, 8 steps, 64 requests by default), batching off and on: the 
 
 Example (the GPU run, about 5 minutes on an H200)::
 
-    python -m bcg_diffusion.serving.batching_bench --out-dir outputs/batching
+    python -m bcg_diffusion.serving.load.batching_bench --out-dir outputs/batching
 
 A small CPU rehearsal (tiny models, seconds per server): ``--size tiny --device cpu --image-size 64x64 --steps 2
 --requests 16 --flux-requests 8 --min-throughput-ratio 0`` (the ratio means nothing there).
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load_mix import DEFAULT_PROMPTS, MixSpec, build_mix
+from .mix import DEFAULT_PROMPTS, MixSpec, build_mix
 
 __all__ = ["build_parser", "main"]
 
@@ -39,7 +39,7 @@ DEFAULT_WINDOW_MS = 500.0  # the server's (batching.DEFAULT_WINDOW_MS; this modu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.batching_bench",
+    p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.load.batching_bench",
                                 description="Batching on against off (issue 35), with the bitwise checks; "
                                 "JSON and Markdown reports.")
     p.add_argument("--out-dir", type=Path, required=True, help="where batching.json, batching.md and logs go")
@@ -84,7 +84,7 @@ def _server_args(family: str, args, steps: int, batching: bool, bcg: bool) -> st
 
 
 def _load(url: str, label: str, bodies, args, alone: bool = False):
-    from .load_run import replay_alone, run_load
+    from .run import replay_alone, run_load
 
     print(f"{label}: {len(bodies)} requests from {args.concurrency} clients ...", flush=True)
     run = run_load(url, bodies, label=label, concurrency=args.concurrency, time_limit_s=args.time_limit,
@@ -111,7 +111,7 @@ def _check(name: str, passed: bool, detail: str) -> dict[str, Any]:
 
 def run_family(family: str, args, log_dir: Path) -> dict[str, Any]:
     """One family's servers, loads and checks."""
-    from .load_report import cross_check, summarize, throughput_ratio
+    from .report import cross_check, summarize, throughput_ratio
     from .spawn import spawned_servers
 
     targets = family == "pixart"

@@ -40,20 +40,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load_mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
+from .mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
 
 try:
-    from .load_run import check_loopback, get_stats, run_load  # httpx: the serve extra
+    from .run import check_loopback, get_stats, run_load  # httpx: the serve extra
 except ModuleNotFoundError as exc:
     if exc.name != "httpx":
         raise
     MISSING: str | None = f"{exc}; install the load test's packages with: pip install -e \".[serve]\""
 else:
     MISSING = None
-    from .load_report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
-    from .load_run import replay_alone, run_open_loop
-    from .errors import RequestError
-    from .requests import parse_size
+    from ..errors import RequestError
+    from ..requests import parse_size
+    from .report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
+    from .run import replay_alone, run_open_loop
     from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
 
 
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     key_before = os.environ.get("BCG_API_KEY")
-    if args.api_key:  # read by every client (load_run.client) and by the servers --spawn starts
+    if args.api_key:  # read by every client (run.client) and by the servers --spawn starts
         os.environ["BCG_API_KEY"] = args.api_key
     try:
         return run_and_report(args)

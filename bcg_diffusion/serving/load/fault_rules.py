@@ -1,16 +1,16 @@
 """Fault rules for the servers the load tools start: a request whose prompt is exactly ``PROMPT`` fails inside the
-pipeline at the end of its first denoising step (``error``: :class:`~.faults.InjectedFailure`, answered 500;
+pipeline at the end of its first denoising step (``error``: :class:`~..faults.InjectedFailure`, answered 500;
 ``oom``: a ``torch.OutOfMemoryError``, answered 503) or stalls there :data:`SLOW_FAULT_S` seconds (``slow``).
 A batch holding such a prompt fails (or stalls) as a whole.
 
-:class:`PromptFaults` is a :class:`~.faults.FaultHook`; :mod:`.fault_server` starts ``bcg-serve`` with it installed.
+:class:`PromptFaults` is a :class:`~..faults.FaultHook`; :mod:`.fault_server` starts ``bcg-serve`` with it installed.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from .faults import Fault, InjectedFailure
+from ..faults import Fault, InjectedFailure
 
 __all__ = ["FAULT_KINDS", "SLOW_FAULT_S", "PromptFaults", "parse_rule"]
 

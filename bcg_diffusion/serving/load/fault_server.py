@@ -1,8 +1,8 @@
 """``bcg-serve`` with fault rules installed, for the soak and the tests:
-``python -m bcg_diffusion.serving.fault_server --fault KIND:PROMPT [--fault ...] -- [bcg-serve options]``.
+``python -m bcg_diffusion.serving.load.fault_server --fault KIND:PROMPT [--fault ...] -- [bcg-serve options]``.
 
 Each ``--fault`` is a rule of :class:`~.fault_rules.PromptFaults`, installed in this process through the seam of
-:mod:`.faults` before the server starts; ``bcg-serve`` itself has no such option. ``--replicas`` is refused (Ray runs
+:mod:`..faults` before the server starts; ``bcg-serve`` itself has no such option. ``--replicas`` is refused (Ray runs
 the pipelines in processes of its own, which the rules would not reach).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import serve_command
+from .. import serve_command
+from ..faults import install_fault_hook
 from .fault_rules import FAULT_KINDS, PromptFaults
-from .faults import install_fault_hook
 
 __all__ = ["main"]
 

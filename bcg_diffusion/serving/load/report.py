@@ -6,7 +6,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from .load_run import ServerRun
+from .run import ServerRun
 
 __all__ = ["alone_check", "batching_during", "cross_check", "format_report", "latency_ratios", "percentile",
            "queue_trend", "step_batching_during", "summarize", "throughput_ratio"]
@@ -152,7 +152,7 @@ def _returns_delta(end: dict | None, start: dict | None) -> dict[str, Any] | Non
 
 
 def alone_check(run: ServerRun) -> dict[str, Any] | None:
-    """Each distinct request sent again alone after the load (:func:`.load_run.replay_alone`): were its images
+    """Each distinct request sent again alone after the load (:func:`.run.replay_alone`): were its images
     bitwise equal (decoded pixels) to every image the load got for it? ``None`` without a replay."""
     if not run.alone:
         return None

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .png import payload_hash, pixel_hash
-from .load_mix import identity
+from ..http.png import payload_hash, pixel_hash
+from .mix import identity
 
 __all__ = ["ALLOWED_HOST", "DEFAULT_MAX_IN_FLIGHT", "Outcome", "ServerRun", "check_loopback", "get_stats",
            "poisson_arrivals", "replay_alone", "run_load", "run_open_loop"]

@@ -16,7 +16,7 @@ its images must equal (decoded pixels) every image the load got for it. The chec
 :mod:`.soak_report`. Every loop is bounded by the request count and ``--time-limit`` (at most 600 s), every
 request by its timeout; only ``http://127.0.0.1:PORT`` is accepted.
 
-    python -m bcg_diffusion.serving.soak --spawn "--model flux --device cpu --steps 1" --requests 40 --out DIR
+    python -m bcg_diffusion.serving.load.soak --spawn "--model flux --device cpu --steps 1" --requests 40 --out DIR
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from .load_mix import DEFAULT_PROMPTS, identity
-from .load_run import API_KEY_VARIABLE, check_loopback, client, get_stats
-from .png import pixel_hash
+from ..http.png import pixel_hash
+from .mix import DEFAULT_PROMPTS, identity
+from .run import API_KEY_VARIABLE, check_loopback, client, get_stats
 from .soak_report import report, write_reports
 
 __all__ = ["FAULT_PROMPTS", "KINDS", "SoakMix", "SoakOutcome", "SoakRequest", "build_requests", "fault_rules", "main",
@@ -546,12 +546,12 @@ def soak_command(args: argparse.Namespace, words: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.soak", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.load.soak", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("server (one of)")
     g.add_argument("--spawn", metavar="ARGS", help="start 'bcg-serve ARGS' on 127.0.0.1 with the soak's fault rules "
                    "installed, LoRA adapters, --max-batch and --warmup added (unless ARGS give them), and stop it after")
     g.add_argument("--url", help="a running server, http://127.0.0.1:PORT, started with the soak's fault rules: python "
-                   f"-m bcg_diffusion.serving.fault_server {' '.join(f'--fault {r}' for r in fault_rules())} -- ARGS")
+                   f"-m bcg_diffusion.serving.load.fault_server {' '.join(f'--fault {r}' for r in fault_rules())} -- ARGS")
     g.add_argument("--pid", type=int, default=None, help="with --url: the server's process id (its resident memory)")
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=2000, help="requests in all (default: 2000)")

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from .load_report import percentile
+from .report import percentile
 
 __all__ = ["checks_of", "memory_drift", "report", "write_reports"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .listen import LISTENING_PREFIX
-from .load_run import ALLOWED_HOST, check_loopback
+from ..http.listen import LISTENING_PREFIX
+from .run import ALLOWED_HOST, check_loopback
 
 __all__ = ["FAULT_SERVER_MODULE", "SERVER_MODULE", "SpawnError", "SpawnedServer", "spawned_servers", "start_server",
            "stop_server"]
@@ -28,7 +28,7 @@ __all__ = ["FAULT_SERVER_MODULE", "SERVER_MODULE", "SpawnError", "SpawnedServer"
 #: The server a spawned process runs (``python -m``; the same code as ``scripts/serve.py`` and ``bcg-serve``).
 SERVER_MODULE = "bcg_diffusion.serving.serve_command"
 #: The same server with fault rules installed (:mod:`.fault_server`), for servers spawned with ``faults``.
-FAULT_SERVER_MODULE = "bcg_diffusion.serving.fault_server"
+FAULT_SERVER_MODULE = "bcg_diffusion.serving.load.fault_server"
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1

@@ -22,7 +22,7 @@ outcome) and ``step_bench.md`` go to ``--out-dir``, the servers' logs under it.
 Example (the GPU run; about 3 minutes with the defaults: 40-60 s to build and warm both servers, at most 12 s per
 closed-loop run (8 runs), the alone replay, 20 s of open-loop arrivals)::
 
-    python -m bcg_diffusion.serving.step_bench --out-dir outputs/step_bench
+    python -m bcg_diffusion.serving.load.step_bench --out-dir outputs/step_bench
 
 A CPU rehearsal (tiny model, seconds; the ratios mean nothing there): ``--size tiny --device cpu --sizes-mixed
 64x64,64x128 --size-small 64x64 --size-large 128x128 --steps 2 --requests 12 --time-limit 20 --poisson-s 3
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load_mix import DEFAULT_PROMPTS, MixSpec, build_mix
+from .mix import DEFAULT_PROMPTS, MixSpec, build_mix
 
 __all__ = ["SCENARIOS", "build_parser", "main"]
 
@@ -50,7 +50,7 @@ ALL_SCENARIOS = (*SCENARIOS, "poisson")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.step_bench",
+    p = argparse.ArgumentParser(prog="python -m bcg_diffusion.serving.load.step_bench",
                                 description="Step batching against the unbatched graph server (issue 46), with the "
                                 "bitwise checks; JSON and Markdown reports.")
     p.add_argument("--out-dir", type=Path, required=True, help="where step_bench.json, step_bench.md and logs go")
@@ -131,8 +131,8 @@ def run_checks(label: str, run, summary: dict[str, Any], count: int) -> list[dic
 
 def run_scenario(name: str, urls: dict[str, str], args, first: bool) -> dict[str, Any]:
     """One closed-loop scenario against ``off`` then ``step`` (the first also replays alone and checks eager)."""
-    from .load_report import cross_check, summarize, throughput_ratio
-    from .load_run import replay_alone, run_load
+    from .report import cross_check, summarize, throughput_ratio
+    from .run import replay_alone, run_load
 
     kind, clients, min_ratio, max_p99 = SCENARIOS[name]
     bodies = bodies_for(sizes_of(kind, args), args.requests, args)
@@ -190,8 +190,8 @@ def alone_latency(results: list[dict[str, Any]]) -> float | None:
 
 def run_poisson(url: str, args, capacity: float | None, alone_s: float | None) -> dict[str, Any]:
     """Open-loop arrivals at ``poisson_load`` x ``capacity`` for ``poisson_s`` seconds against the step server."""
-    from .load_report import summarize
-    from .load_run import run_open_loop
+    from .report import summarize
+    from .run import run_open_loop
 
     if not capacity:
         return {"scenario": "poisson", "checks": [_check("poisson", False, "no measured capacity to offer 90 % of")]}

@@ -2,7 +2,7 @@
 
 The same options reach Ray from two places: ``bcg-serve --replicas N ...`` (:func:`add_replica_arguments`,
 :func:`replica_options_from_args`) and the ``args`` of a ``serve run`` / ``serve deploy`` config that imports
-``bcg_diffusion.serving.ray_app:build_app`` (:func:`replica_options_from_mapping`, whose values may be strings, as
+``bcg_diffusion.serving.replicas.ray_app:build_app`` (:func:`replica_options_from_mapping`, whose values may be strings, as
 ``serve run ... key=value`` passes them). Bad values raise :class:`ReplicaOptionsError` saying what to change.
 """
 

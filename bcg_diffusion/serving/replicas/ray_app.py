@@ -1,6 +1,6 @@
 """``bcg-serve``'s application as replicas on Ray Serve: one pipeline per replica, Ray's HTTP proxy in front.
 
-Each replica runs the single server's FastAPI application (:func:`~.app.create_app`: the same routes, checks,
+Each replica runs the single server's FastAPI application (:func:`~..http.app.create_app`: the same routes, checks,
 API key, limits, error format, ``/stats``) around a pipeline it built and warmed in its constructor, so a replica
 whose build or warm-up fails never takes traffic (Ray reports the deployment as failed). Ray's health check calls
 :meth:`ImageServerReplica.check_health` (the pipeline's worker thread must live); a replica that fails it, or whose
@@ -14,7 +14,7 @@ Two ways in:
       applications:
         - name: bcg-images
           route_prefix: /
-          import_path: bcg_diffusion.serving.ray_app:build_app
+          import_path: bcg_diffusion.serving.replicas.ray_app:build_app
           args: {server_args: "--model pixart --size full --bcg --warmup 512x512", replicas: 2}
 
 This module and :mod:`.ray_run` are the only ones that import Ray (the ``ray`` extra).
@@ -29,10 +29,11 @@ from typing import Any, Mapping
 
 from ray import serve
 
-from . import server
-from .app import ServerState, create_app
-from .replica_options import ReplicaOptions, ReplicaOptionsError, replica_options_from_mapping
-from .replica_state import (
+from .. import server
+from ..http.app import create_app
+from ..state import ServerState
+from .options import ReplicaOptions, ReplicaOptionsError, replica_options_from_mapping
+from .state import (
     ServerOptionsError,
     build_server_state,
     check_server_args,
@@ -110,7 +111,7 @@ def image_server_app(args: argparse.Namespace, options: ReplicaOptions):
 def build_app(config: Mapping[str, Any]):
     """Application builder for ``serve run`` / ``serve deploy``: ``config["server_args"]`` is ``bcg-serve``'s
     options (a string or a list; ``--host``/``--port`` belong to Ray's proxy, ``--replicas`` to the config), the
-    other keys are :class:`~.replica_options.ReplicaOptions` fields. ``ValueError`` saying what was wrong."""
+    other keys are :class:`~.options.ReplicaOptions` fields. ``ValueError`` saying what was wrong."""
     config = dict(config)
     server_args = config.pop("server_args", "")
     try:

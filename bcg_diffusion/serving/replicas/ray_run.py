@@ -23,9 +23,9 @@ from typing import Any
 
 from bcg_diffusion.toolkit.options import Failure
 
-from .listen import bind_socket
-from .replica_options import ReplicaOptions
-from .replica_state import ServerOptionsError, check_server_args
+from ..http.listen import bind_socket
+from .options import ReplicaOptions
+from .state import ServerOptionsError, check_server_args
 
 logger = logging.getLogger("serve")
 

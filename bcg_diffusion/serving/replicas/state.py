@@ -3,9 +3,9 @@
 :func:`parse_server_args` reads ``bcg-serve``'s own options (the same parser, so the same checks and messages),
 raising :class:`ServerOptionsError` instead of exiting; :func:`check_server_args` runs every check that needs no
 pipeline (safe on a machine without the GPU the replicas will get); :func:`build_server_state` builds, speeds up
-and warms the pipeline with ``bcg-serve``'s own start-up (:func:`~.server_build.build_server`, from the
-:class:`~.server_plan.ServerPlan` of the options), and returns the :class:`~.app.ServerState` that
-:func:`~.app.create_app` serves. Nothing here imports Ray.
+and warms the pipeline with ``bcg-serve``'s own start-up (:func:`~..server_build.build_server`, from the
+:class:`~..server_plan.ServerPlan` of the options), and returns the :class:`~..state.ServerState` that
+:func:`~..http.app.create_app` serves. Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 from bcg_diffusion.toolkit.options import Failure
 
-from . import server
-from .app import ServerState
-from .server_build import build_server
-from .server_plan import ServerPlan, read_plan
+from .. import server
+from ..server_build import build_server
+from ..server_plan import ServerPlan, read_plan
+from ..state import ServerState
 
 __all__ = ["ServerOptionsError", "build_server_state", "check_server_args", "parse_server_args", "stop_server_state"]
 
@@ -56,7 +56,7 @@ def check_server_args(args: argparse.Namespace) -> ServerPlan:
 
 
 def build_server_state(args: argparse.Namespace, replica: dict[str, Any] | None = None) -> ServerState:
-    """Build the pipeline of ``args``, speed it up and warm it (:func:`~.server_build.build_server`, as
+    """Build the pipeline of ``args``, speed it up and warm it (:func:`~..server_build.build_server`, as
     ``bcg-serve`` before it listens); the state of its application (``replica``: the replica's identity in
     ``/stats``). :class:`ServerOptionsError` for anything ``bcg-serve`` would refuse or fail at."""
     check_server_args(args)
