@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bcg_diffusion.toolkit.cache_spec import CACHE_HELP
 from bcg_diffusion.toolkit.choices import CP_MODES, MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import add_model_options, command_name
 from bcg_diffusion.toolkit.quant_option import QUANT_HELP, QUANT_NAMES
 
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--frames", type=int, default=None, help="number of frames (video families only)")
     g.add_argument("--steps", type=int, default=None,
                    help=f"denoising steps, 1 .. {MAX_STEPS} (default: the family's)")
-    g.add_argument("--guidance", type=float, default=None,
+    g.add_argument("--guidance", type=finite_float, default=None,
                    help=f"guidance scale, 0 .. {GUIDANCE_LIMIT:.0f} (default: the family's)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the initial noise, 0 <= seed < 2**64 (default: 0)")
     g.add_argument("--batch", type=int, default=1, help=f"images or videos per prompt, 1 .. {MAX_BATCH} (default: 1)")

@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.numbers import finite_float
+
 from .load_mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
 
 try:
@@ -76,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=200, help="requests per server (default: 200)")
     g.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
-    g.add_argument("--time-limit", type=float, default=600.0,
+    g.add_argument("--time-limit", type=finite_float, default=600.0,
                    help="seconds per server after which no new request is sent (default: 600)")
-    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default: 300)")
+    g.add_argument("--request-timeout", type=finite_float, default=300.0, help="seconds per request (default: 300)")
     g = p.add_argument_group("request mix")
     g.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
                    help=f"sizes WxH drawn per request (default: {','.join(DEFAULT_SIZES)}; warm the first three)")
@@ -87,20 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", type=int, default=4, help="seeds drawn per request from 0 .. SEEDS-1 (default: 4)")
     g.add_argument("--mix-seed", type=int, default=0, help="seed of the mix itself (default: 0)")
     g.add_argument("--steps", type=int, default=None, help="num_inference_steps of every request (default: server's)")
-    g.add_argument("--guidance", type=float, default=None, help="guidance_scale of every request (default: server's)")
+    g.add_argument("--guidance", type=finite_float, default=None, help="guidance_scale of every request (default: server's)")
     g.add_argument("--negative-prompt", default=None, help="negative_prompt of every request")
     g.add_argument("--n", type=int, default=1, help="images per request (default: 1)")
     g.add_argument("--models", default=None, metavar="A,B,...",
                    help="model ids drawn per request as its 'model' field (the base model's id, adapters: GET "
                    "/v1/models lists them); default: no model field")
     g = p.add_argument_group("checks and output")
-    g.add_argument("--memory-tolerance", type=float, default=0.05,
+    g.add_argument("--memory-tolerance", type=finite_float, default=0.05,
                    help="GPU memory allocated at the end may differ from the start by this fraction (default: 0.05)")
-    g.add_argument("--max-latency-ratio", type=float, default=None, metavar="R",
+    g.add_argument("--max-latency-ratio", type=finite_float, default=None, metavar="R",
                    help="two servers: pass only if the second's p50 and p99 latency are <= R x the first's")
-    g.add_argument("--min-throughput-ratio", type=float, default=None, metavar="R",
+    g.add_argument("--min-throughput-ratio", type=finite_float, default=None, metavar="R",
                    help="two servers: pass only if the second's throughput is >= R x the first's")
-    g.add_argument("--max-p99-ratio", type=float, default=None, metavar="R",
+    g.add_argument("--max-p99-ratio", type=finite_float, default=None, metavar="R",
                    help="two servers: pass only if the second's p99 latency is <= R x the first's")
     g.add_argument("--no-cross-check", action="store_true",
                    help="two servers whose images differ by design (batching on against off): do not compare them")
@@ -109,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "images equal the load's (a batching server: an image must not depend on its batch)")
     g.add_argument("--out", type=Path, default=None, help="write the results (and every request's outcome) as JSON")
     g = p.add_argument_group("spawned servers")
-    g.add_argument("--spawn-timeout", type=float, default=900.0,
+    g.add_argument("--spawn-timeout", type=finite_float, default=900.0,
                    help="seconds for spawned servers to build, warm up and listen (default: 900)")
     g.add_argument("--spawn-mode", choices=("together", "sequential"), default="together",
                    help="together: start every server at once (less wall time); sequential: one server on the "

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from bcg_diffusion.toolkit.numbers import finite_float
+
 __all__ = ["DEFAULT_TARGET_ONGOING_REQUESTS", "REPLICA_FLAGS", "ReplicaOptions", "ReplicaOptionsError",
            "add_replica_arguments", "replica_options_from_args", "replica_options_from_mapping"]
 
@@ -109,10 +111,10 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
                    "per GPU on CUDA (default: one process, no Ray); see docs/serving.md")
     g.add_argument("--max-replicas", type=int, default=None, metavar="M",
                    help="autoscale between --replicas and M replicas by ongoing requests (default: a fixed count)")
-    g.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
+    g.add_argument("--target-ongoing-requests", type=finite_float, default=None, metavar="R",
                    help="with --max-replicas: the requests waiting or running per replica the autoscaler aims at "
                    f"(default: {DEFAULT_TARGET_ONGOING_REQUESTS:g})")
-    g.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+    g.add_argument("--gpus-per-replica", type=finite_float, default=None, metavar="G",
                    help="GPUs Ray reserves for each replica (default: 1 on CUDA, 0 on the CPU)")
 
 

@@ -21,6 +21,7 @@ import logging
 import sys
 
 from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 
 from .listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run requests that can share a pipeline call (same size, steps, guidance, adapter, ...) as one "
                    "call of exactly ROWS images (filler rows pad it, so an image never depends on its batch); "
                    f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH})")
-    g.add_argument("--batch-window-ms", type=float, default=DEFAULT_WINDOW_MS, metavar="MS",
+    g.add_argument("--batch-window-ms", type=finite_float, default=DEFAULT_WINDOW_MS, metavar="MS",
                    help="the longest a request waits for others to join its batch; a batch runs earlier once full or "
                    f"once every client of the previous call is back (default: {DEFAULT_WINDOW_MS:g})")
     g.add_argument("--batch-work-limit", type=int, default=DEFAULT_WORK_LIMIT, metavar="N",

@@ -39,6 +39,7 @@ from bcg_diffusion.benchmarks.step.report import write_report
 from bcg_diffusion.benchmarks.timing import (
     AUTO_ROUND_S, DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP, MIN_AUTO_ITERS, Clock, auto_iters)
 from bcg_diffusion.toolkit.cache_spec import CACHE_HELP, CacheSpec
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import quiet_known_messages
 
 #: What the ``--processes`` children run: this file itself (``python <file> ...``, or torchrun of it), which
@@ -118,11 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run only shard K of N of the chosen cases (families dealt out round-robin, so each family "
                    "runs whole in one shard); combine the shards' JSON files afterwards with --merge")
-    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--time-budget", type=finite_float, default=None, metavar="SECONDS",
                    help="start no new case after this many seconds (the first always runs; the rest are reported "
                    "as not run); results are written after every case, so a run stopped from outside keeps the "
                    "finished cases")
-    p.add_argument("--setup-timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--setup-timeout", type=finite_float, default=None, metavar="SECONDS",
                    help="give up a mode whose set-up (compile, capture, first calls) takes longer than this; it is "
                    "reported as n/a and the other modes are still timed (a slow compile cannot cost the run)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
