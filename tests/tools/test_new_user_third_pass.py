@@ -93,3 +93,78 @@ def test_whole_cache_values_are_read_as_whole_numbers():
 def test_generate_refuses_a_non_finite_cache_value(capsys, no_build):
     reason = last_error(capsys, generate.main(["--cache", "fbc:nan"]))
     assert "--cache: cache 'fbc:nan': the value after ':' must be a finite number" in reason, reason
+
+
+# -- 1. the size limits come from the model's config, per family and size ---------------------------------------
+def test_the_limits_come_from_the_configs_per_family_and_size():
+    import bcg_pipelines as pipelines
+
+    from bcg_diffusion.toolkit.model_limits import family_side_limit
+
+    sd3, wan, flux = (pipelines.get_family(n) for n in ("sd3", "wan", "flux"))
+    assert family_side_limit(sd3, "tiny").pixels == 16 * 16  # pos_embed_max_size 16 patches of 16 px
+    assert "pos_embed_max_size" in family_side_limit(sd3, "tiny").reason
+    assert family_side_limit(sd3, "full").pixels == 4096  # 384 x 16 = 6144: the 4x rule binds first
+    assert family_side_limit(wan, "tiny").pixels == 32 * 16 and "rope_max_seq_len" in family_side_limit(wan, "tiny").reason
+    assert family_side_limit(flux, "tiny").pixels == family_side_limit(flux, "full").pixels == 4096  # rope on the fly
+    assert family_side_limit(None, "full").pixels == 4096
+
+
+def test_sd3_runs_at_its_limit_and_its_transformer_refuses_beyond_it():
+    """The limit is the real one: the tiny SD3 pipeline runs at 256x256 and diffusers refuses 272x272."""
+    import bcg_pipelines as pipelines
+
+    pipe = pipelines.build_pipeline("sd3", "tiny", device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    call = dict(prompt="a fox", num_inference_steps=1, output_type="np")
+    assert pipe(height=256, width=256, **call).images.shape == (1, 256, 256, 3)
+    with pytest.raises(ValueError, match="pos_embed_max_size"):
+        pipe(height=272, width=272, **call)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "sd3", "--height", "512", "--width", "512"],
+     "--height 512 is above the limit of 256 px for sd3 (tiny): its transformer's pos_embed_max_size is 16 patches "
+     "of 16 px; the largest size is 256x256"),
+    (["--model", "sd3", "--width", "272"], "--width 272 is above the limit of 256 px for sd3 (tiny)"),
+    (["--model", "wan", "--height", "528"], "--height 528 is above the limit of 512 px for wan (tiny)"),
+    (["--model", "sd3", "--warmup", "512x512"], "--warmup 512x512: above the limit of 256 px per side for sd3 (tiny)"),
+])
+def test_generate_refuses_a_size_beyond_the_models_limit_before_building(capsys, no_build, argv, needle):
+    reason = last_error(capsys, generate.main(argv))
+    assert needle in reason, reason
+
+
+def test_list_models_and_the_docs_state_each_size_limit(capsys):
+    import bcg_pipelines as pipelines
+
+    from bcg_diffusion.toolkit.model_limits import family_side_limit
+
+    assert generate.main(["--list-models"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    docs = " ".join((ROOT / "docs" / "generate.md").read_text().split())
+    for name in pipelines.list_families():
+        spec = pipelines.get_family(name)
+        tiny, full = (family_side_limit(spec, size).pixels for size in ("tiny", "full"))
+        assert rows[name].split()[-1] == f"{tiny}/{full}", rows[name]
+        if tiny != full:
+            assert f"{name} tiny: {tiny} px" in docs, name
+    assert "4096 for Flux, SD3, PixArt" not in docs
+
+
+# -- 9. a step count the scheduler cannot take is refused up front ------------------------------------------------
+@pytest.mark.parametrize("model", ["ltx", "qwenimage"])
+def test_one_step_on_a_terminal_stretched_scheduler_exits_2(capsys, no_build, model):
+    reason = last_error(capsys, generate.main(["--model", model, "--steps", "1"]))
+    assert f"--steps 1: {model}'s scheduler (FlowMatchEulerDiscreteScheduler, shift_terminal" in reason, reason
+    assert "needs at least 2 steps" in reason
+
+
+def test_the_fewest_steps_come_from_the_scheduler_config():
+    import bcg_pipelines as pipelines
+
+    from bcg_diffusion.toolkit.model_limits import min_steps
+
+    fewest = {name: min_steps(pipelines.get_family(name).scheduler_config).steps for name in pipelines.list_families()}
+    assert {name for name, steps in fewest.items() if steps > 1} == {"ltx", "qwenimage"}, fewest
+    assert set(fewest.values()) == {1, 2}
