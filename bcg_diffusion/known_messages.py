@@ -64,6 +64,10 @@ KNOWN_MESSAGES: tuple[KnownMessage, ...] = (
         "torchao registers its Enum types with torch's pytree at import, which torch >= 2.13 calls deprecated "
         "(a note to torchao's authors)", _logged_from_torchao),
     KnownMessage(
+        "torchao.kernel.intmm", ("Detected no triton",),
+        "with the CPU build of torch there is no Triton, and torchao's Triton int8 matmul kernels serve only CUDA "
+        "devices; nothing on a CPU could run them", _torch_without_cuda),
+    KnownMessage(
         "diffusers.quantizers.torchao.torchao_quantizer", ("Unable to import `torchao` Tensor objects",),
         "diffusers' torchao quantizer misses tensor classes that torchao 0.18 moved; they matter only to loading "
         "checkpoints saved quantized by torchao (--quant quantizes after the build)"),

@@ -168,3 +168,19 @@ def test_the_fewest_steps_come_from_the_scheduler_config():
     fewest = {name: min_steps(pipelines.get_family(name).scheduler_config).steps for name in pipelines.list_families()}
     assert {name for name, steps in fewest.items() if steps > 1} == {"ltx", "qwenimage"}, fewest
     assert set(fewest.values()) == {1, 2}
+
+
+def test_the_server_refuses_one_step_where_its_scheduler_needs_two():
+    """Qwen-Image's one-step images are NaN: a request for one step is a 400 naming the scheduler, not a black PNG."""
+    from bcg_diffusion.serving.replica_state import build_server_state, parse_server_args, stop_server_state
+    from bcg_diffusion.serving.requests import RequestError
+
+    state = build_server_state(parse_server_args("--model qwenimage --device cpu --steps 2"))
+    try:
+        with pytest.raises(RequestError, match="num_inference_steps=1: this model's scheduler") as info:
+            state.planner.parse(b'{"prompt": "a fox", "num_inference_steps": 1}')
+        assert info.value.status == 400 and "needs at least 2 steps" in info.value.message
+        assert state.planner.parse(b'{"prompt": "a fox", "num_inference_steps": 2}').steps == 2
+        assert state.info["min_steps"] == 2
+    finally:
+        stop_server_state(state)
