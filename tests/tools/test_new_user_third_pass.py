@@ -184,3 +184,28 @@ def test_the_server_refuses_one_step_where_its_scheduler_needs_two():
         assert state.info["min_steps"] == 2
     finally:
         stop_server_state(state)
+
+
+# -- 20. known-harmless library notices stay quiet: the pipelines example, torchao's Triton notice --------------------
+def test_the_pipelines_example_prints_no_library_noise():
+    text = (ROOT / "docs" / "pipelines.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    noise = [line for line in done.stderr.splitlines() if "it/s]" not in line and "denoising" not in line and line.strip()]
+    assert not [line for line in noise if any(n in line for n in ("torchao", "_pytree", "torchvision", "Failed to load"))], noise
+
+
+def test_torchaos_no_triton_notice_is_dropped_on_a_cpu_build(caplog, monkeypatch):
+    import logging
+
+    import torch
+
+    import bcg_diffusion  # noqa: F401 - its import installed the filters
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao.kernel.intmm").warning(
+            "Warning: Detected no triton, on systems without Triton certain kernels will not work")
+        logging.getLogger("torchao.kernel.intmm").warning("another notice")
+    assert [r.getMessage() for r in caplog.records] == ["another notice"]
