@@ -18,13 +18,14 @@ from typing import Any
 from bcg_diffusion.toolkit.cache_option import check_cache
 from bcg_diffusion.toolkit.cache_spec import CacheSpec
 from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
+from bcg_diffusion.toolkit.files import is_folder
 from bcg_diffusion.toolkit.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
 from bcg_diffusion.toolkit.model_limits import SideLimit, family_side_limit, largest_square, min_steps
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
 from bcg_diffusion.toolkit.quant_option import device_problem, torchao_problem
 from bcg_diffusion.toolkit.sizes import parse_sizes
 
-from .args import DEFAULT_OUT_DIR, GUIDANCE_LIMIT, SEED_LIMIT, SHAPE_KEYS, TORCHRUN_VARIABLES
+from .args import DEFAULT_OUT_DIR, GUIDANCE_LIMIT, OWN_SIZE, SEED_LIMIT, SHAPE_KEYS, TORCHRUN_VARIABLES
 
 __all__ = ["Plan", "Ranks", "make_plan", "negative_prompt_problem"]
 
@@ -276,7 +277,7 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
         return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}", []
     allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
     given = Path(args.out)  # args.out is the text as typed: a trailing "/" marks a folder, existing or not
-    if given.is_dir() or args.out.endswith(("/", os.sep)):
+    if is_folder(given) or args.out.endswith(("/", os.sep)):
         example = given / f"{model_name}.{'gif' if is_video else 'png'}"
         parser.error(f"--out {args.out!r} cannot be written: it is a folder; give a file in it, e.g. --out "
                      f"{example}")
@@ -285,7 +286,8 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
         parser.error(f"--out {args.out!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")
     out, note = video_target(given) if is_video else (given, None)
     notes = [note] if note else []
-    problem = why_not_writable(out)
+    added = (len("_bcg") if args.compare else 0) + (len(f"_{args.batch - 1}") if args.batch > 1 else 0)
+    problem = why_not_writable(out, name_extra=added)  # the names of --compare's and --batch's files are longer
     if problem:
         parser.error(f"--out {args.out!r} cannot be written: {problem}")
     folder = missing_folder(out)
@@ -309,11 +311,15 @@ def check_full_size_on_cpu(spec, dtype, parser: argparse.ArgumentParser) -> None
 
 def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], is_video: bool,
                        parser: argparse.ArgumentParser) -> list[dict[str, int]]:
-    """``--warmup`` as ``bcg_diffusion.warmup`` shapes: ``""`` is the run's own size; else ``WxH[xF],...``
+    """``--warmup`` as ``bcg_diffusion.warmup`` shapes: :data:`~.args.OWN_SIZE` (the option without a value) is the
+    run's own size; an empty value is refused; else ``WxH[xF],...``
     (width first, as the OpenAI images API and serve.py), each checked as ``--height/--width`` are."""
     import bcg_pipelines as pipelines
 
-    if not text:
+    if text is not OWN_SIZE and not text.strip():
+        parser.error(f"--warmup {text!r}: give sizes such as 512x512,768x512, or --warmup alone (no value) for the "
+                     "run's own size")
+    if text is OWN_SIZE:
         own = {k: call[k] for k in SHAPE_KEYS if k in call}
         if "height" not in own or "width" not in own:
             parser.error("--warmup without sizes warms the run's own size, which this checkpoint leaves to its "

@@ -209,3 +209,75 @@ def test_torchaos_no_triton_notice_is_dropped_on_a_cpu_build(caplog, monkeypatch
             "Warning: Detected no triton, on systems without Triton certain kernels will not work")
         logging.getLogger("torchao.kernel.intmm").warning("another notice")
     assert [r.getMessage() for r in caplog.records] == ["another notice"]
+
+
+# -- 8. --out with a name the filesystem cannot take is refused before the build ---------------------------------
+@pytest.mark.parametrize("argv, grown", [([], ""), (["--compare"], "with the 4 characters this run adds")])
+def test_an_out_name_too_long_exits_2_before_building(capsys, no_build, tmp_path, argv, grown):
+    name = "x" * (300 if not argv else 250) + ".png"
+    reason = last_error(capsys, generate.main(["--out", str(tmp_path / name), *argv]))
+    assert "cannot be written: the name 'xxxx" in reason and "takes names of at most 255 bytes" in reason, reason
+    assert grown in reason and "Traceback" not in reason
+
+
+# -- 10. a full disk leaves no empty or cut image --------------------------------------------------------------------
+def _full_disk(monkeypatch, after: int = 10):
+    """PIL's writes fail with ENOSPC after ``after`` bytes, as on a full disk."""
+    import errno
+
+    from PIL import Image
+
+    real_save = Image.Image.save
+
+    def save(self, fp, *args, **kwargs):
+        real_save(self, fp, *args, **kwargs)
+        with open(fp, "r+b") as f:
+            f.truncate(after)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", save)
+
+
+def test_a_full_disk_leaves_no_partial_image_and_keeps_the_old_one(monkeypatch, tmp_path):
+    import numpy as np
+
+    from bcg_diffusion.toolkit.media import save_output
+
+    image = np.zeros((1, 16, 16, 3), dtype=np.float32)
+    (old := tmp_path / "old.png").write_bytes(b"an earlier image")
+    _full_disk(monkeypatch)
+    for path in (tmp_path / "new.png", old):
+        with pytest.raises(OSError, match="No space left"):
+            save_output(image, path, is_video=False, fps=8)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.png"] and old.read_bytes() == b"an earlier image"
+
+
+def test_generate_on_a_full_disk_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    _full_disk(monkeypatch)
+    out = tmp_path / "fox.png"
+    assert generate.main(["--steps", "1", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: writing {out} failed: [Errno 28] No space left on device" in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 23. --warmup: an empty value is refused, a negative size is named -------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["--warmup", ""], "--warmup '': give sizes such as 512x512,768x512, or --warmup alone (no value)"),
+    (["--warmup="], "--warmup '': give sizes"),
+    (["--warmup", " "], "--warmup ' ': give sizes"),
+    (["--warmup", "-64x64"], "--warmup -64x64: sizes are positive whole numbers"),
+    (["--height", "-64"], "--height -64: sizes are positive whole numbers"),
+])
+def test_warmup_values_that_are_not_sizes_exit_2(capsys, no_build, argv, needle):
+    reason = last_error(capsys, generate.main(argv))
+    assert needle in reason and "unrecognized arguments" not in reason, reason
+
+
+def test_warmup_alone_still_warms_the_runs_own_size(no_build):
+    from bcg_diffusion.cli import args as generate_args
+    from bcg_diffusion.cli import plan as generate_plan
+
+    parser = generate_args.build_parser()
+    plan = generate_plan.make_plan(parser.parse_args(["--warmup", "--height", "96"]), parser)
+    assert plan.warmup == [{"height": 96, "width": 64}]
