@@ -33,11 +33,11 @@ from typing import Any
 from bcg_diffusion.toolkit.numbers import finite_float
 
 from .load_mix import DEFAULT_PROMPTS, MixSpec, build_mix
+from .serve_defaults import DEFAULT_WINDOW_MS
 
 __all__ = ["build_parser", "main"]
 
 DEFAULT_MAX_BATCH = 8
-DEFAULT_WINDOW_MS = 500.0  # the server's (batching.DEFAULT_WINDOW_MS; this module stays light)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,7 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.files import why_not_writable, write_text_atomically
 from bcg_diffusion.toolkit.numbers import finite_float
+from bcg_diffusion.toolkit.options import command_name
 
 from .load_mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
 
@@ -53,13 +55,22 @@ else:
     MISSING = None
     from .load_report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
     from .load_run import replay_alone
-    from .requests import RequestError, parse_size
     from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
+
+
+class MixMismatch(ValueError):
+    """The mix asks a server for what it refuses (a size off its granularity or above its limits): said before any
+    traffic, as a usage error (exit code 2)."""
+
+
+def prog() -> str:
+    """The command's name in usage and error lines: ``bcg-load`` when run as that, else ``load.py``."""
+    return command_name("load.py", "bcg-load")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="load.py",
+        prog=prog(),
         description="Bounded load test of scripts/serve.py servers on 127.0.0.1 (one, or two side by side).",
         epilog="See docs/serving.md for the PixArt and Flux runs.",
     )
@@ -141,6 +152,14 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(str(exc))
     if (args.min_throughput_ratio is not None or args.max_p99_ratio is not None) and servers != 2:
         parser.error("--min-throughput-ratio and --max-p99-ratio compare two servers")
+    check_numbers(args, parser)
+    check_mix_texts(args, parser)
+    if args.out is not None and (problem := why_not_writable(args.out)):
+        parser.error(f"--out {str(args.out)!r} cannot be written: {problem}")
+
+
+def check_numbers(args, parser: argparse.ArgumentParser) -> None:
+    """Counts, times, ratios and the memory tolerance in range (every float is finite already: its type)."""
     for name in ("requests", "concurrency", "seeds", "n"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
@@ -158,12 +177,42 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(f"--models {args.models!r}: give model ids separated by commas, none empty")
     if not 0 <= args.memory_tolerance:
         parser.error("--memory-tolerance must be >= 0")
+
+
+def check_mix_texts(args, parser: argparse.ArgumentParser) -> None:
+    """``--sizes`` written as sizes and ``--prompts`` holding no empty prompt: ``parser.error`` otherwise."""
+    from .requests import RequestError, parse_size  # pydantic and the pipelines: not for --help
+
     args.sizes = ",".join(size.strip() for size in args.sizes.split(","))
     for size in args.sizes.split(","):
         try:
             parse_size(size, param="--sizes")
         except RequestError as exc:
             parser.error(exc.message)
+    if args.prompts is not None:
+        prompts = args.prompts.split("|")
+        if not any(text.strip() for text in prompts):
+            parser.error(f"--prompts {args.prompts!r} holds no prompt; give prompts separated by '|', e.g. 'a fox|a cat'")
+        empty = [i for i, text in enumerate(prompts, 1) if not text.strip()]
+        if empty:
+            parser.error(f"--prompts {args.prompts!r}: prompt {empty[0]} is empty; give prompts separated by '|', none "
+                         "empty")
+
+
+def mix_problem(stats: dict[str, Any], sizes: list[str]) -> str | None:
+    """Why a server (its ``/stats``) would refuse a size of the mix, or ``None``: a side not a multiple of its
+    pixel granularity or above its largest side, more pixels than its ``--max-pixels``."""
+    server = stats.get("server", {})
+    granularity, max_pixels, max_side = (server.get(k) for k in ("granularity", "max_pixels", "max_side"))
+    for size in sizes:
+        width, height = (int(v) for v in size.split("x"))
+        if granularity and (width % granularity or height % granularity):
+            return f"--sizes {size}: the server takes multiples of {granularity} px (its model's VAE scale x patch size)"
+        if max_side and max(width, height) > max_side:
+            return f"--sizes {size}: the server's model runs at most {max_side} px per side"
+        if max_pixels and width * height > max_pixels:
+            return f"--sizes {size}: {width * height} pixels, above the server's --max-pixels {max_pixels}"
+    return None
 
 
 def mix_spec(args) -> MixSpec:
@@ -200,6 +249,11 @@ def load_one(url: str, label: str, bodies, args) -> Any:
 
 
 def run_against_urls(urls: list[str], args, bodies) -> list[Any]:
+    """The load against each server in turn, after checking that every server takes every size of the mix."""
+    for url in urls:
+        problem = mix_problem(get_stats(url), args.sizes.split(","))
+        if problem:
+            raise MixMismatch(f"{problem}; no request was sent ({url})")
     labels = labels_for(urls, args)
     return [load_one(url, label, bodies, args) for url, label in zip(urls, labels)]
 
@@ -293,6 +347,9 @@ def run_and_report(args) -> int:
             runs = run_spawned(args, bodies)
         else:
             runs = run_against_urls(args.url or list(args.compare), args, bodies)
+    except MixMismatch as exc:
+        print(f"{prog()}: error: {exc}", file=sys.stderr)
+        return 2
     except SpawnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -306,7 +363,7 @@ def run_and_report(args) -> int:
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=str))
+        write_text_atomically(args.out, json.dumps(result, indent=1, default=str))
         print(f"wrote {args.out}")
     print(f"result: {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1

@@ -20,11 +20,12 @@ import torch
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.choices import MAX_BATCH
 from bcg_diffusion.toolkit.model_limits import family_side_limit, min_steps
-from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, command_name, family_or_checkpoint
+from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
 
 from .adapter_options import lora_specs
 from .adapters import AdapterSpec
 from .listen import API_KEY_VARIABLE, warn_if_open
+from .serve_defaults import prog
 
 __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "ServerPlan", "prog", "read_plan"]
 
@@ -34,11 +35,6 @@ API_KEY_PATTERN = re.compile(r"[!-~]+")
 POSITIVE_OPTIONS = ("max_pixels", "max_steps", "max_n", "max_queue", "steps", "max_batch")
 
 Size = tuple[int, int]
-
-
-def prog() -> str:
-    """The command's name in usage and error lines: ``bcg-serve`` when run as that, else ``serve.py``."""
-    return command_name("serve.py", "bcg-serve")
 
 
 @dataclass(frozen=True)

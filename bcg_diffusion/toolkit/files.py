@@ -53,7 +53,7 @@ def folder_problem(folder: Path, longest_name: str = "x" * 48) -> str | None:
     in the way, a virtual or read-only filesystem, no permission, a name too long (see
     :func:`why_not_writable`)."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
+    if _exists(folder) and not is_folder(folder):
         return f"{folder} is a file, not a folder"
     return why_not_writable(folder / longest_name)
 

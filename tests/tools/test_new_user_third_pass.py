@@ -281,3 +281,127 @@ def test_warmup_alone_still_warms_the_runs_own_size(no_build):
     parser = generate_args.build_parser()
     plan = generate_plan.make_plan(parser.parse_args(["--warmup", "--height", "96"]), parser)
     assert plan.warmup == [{"height": 96, "width": 64}]
+
+
+# -- 6, 7 and 21. bcg-bench: user runs outside bench_results/, outputs checked first, failures said ----------------
+FAST_BENCH = ["--cases", "pixart:tiny", "--modes", "eager", "--iters", "1", "--rounds", "1", "--warmup", "1",
+              "--no-e2e"]
+
+
+def test_a_bench_run_without_out_dir_writes_outside_bench_results(hide_cuda, monkeypatch, tmp_path):
+    from bcg_diffusion.benchmarks.step import bench_step
+
+    monkeypatch.chdir(tmp_path)
+    assert bench_step.build_parser().get_default("out_dir") == Path("outputs") / "bench"
+    assert bench_step.main(FAST_BENCH) == 0
+    assert {".json", ".md"} <= {p.suffix for p in (tmp_path / "outputs" / "bench").iterdir()}
+    assert not (tmp_path / "bench_results").exists()
+
+
+@pytest.mark.parametrize("where, needle", [("file", "is a file, not a folder"), ("/proc/bench", "proc filesystem"),
+                                           ("long", "takes names of at most 255 bytes")])
+def test_bench_refuses_an_out_dir_that_cannot_take_files_before_measuring(capsys, tmp_path, where, needle):
+    from bcg_diffusion.benchmarks.step import bench_step
+
+    out = {"file": tmp_path / "a-file", "long": tmp_path / ("d" * 300)}.get(where, Path(where))
+    if where == "file":
+        out.write_text("x")
+    reason = last_error(capsys, bench_step.main([*FAST_BENCH, "--out-dir", str(out)]))
+    assert reason.startswith("bench_step.py: error: --out-dir") and needle in reason, reason
+
+
+def test_bench_refuses_a_compile_cache_that_is_a_file(capsys, tmp_path):
+    from bcg_diffusion.benchmarks.step import bench_step
+
+    (cache := tmp_path / "cache").write_text("x")
+    reason = last_error(capsys, bench_step.main([*FAST_BENCH, "--compile-cache", str(cache), "--out-dir", str(tmp_path)]))
+    assert f"--compile-cache '{cache}' cannot be the compile caches' folder: {cache} is a file" in reason, reason
+
+
+def test_a_full_disk_at_the_end_of_a_bench_run_keeps_no_empty_file_and_says_so(hide_cuda, monkeypatch, tmp_path, capsys):
+    import errno
+
+    from bcg_diffusion.benchmarks.step import bench_step
+    from bcg_diffusion.toolkit import files
+
+    real = Path.write_text
+
+    def full(self, text, *args, **kwargs):  # the disk fills after the first bytes of each file
+        real(self, text[:3], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.Path, "write_text", full)
+    assert bench_step.main([*FAST_BENCH, "--out-dir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "No space left on device" in captured.err and "Traceback" not in captured.err + captured.out
+    assert list(tmp_path.iterdir()) == []  # no 0-byte or cut file
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--time-budget", "nan"], "argument --time-budget: 'nan' is not a finite number"),
+    (["--cache-rows", "fbc:nan"], "the value after ':' must be a finite number"),
+    (["--seed", "-1"], "--seed must be in 0 .. 2**64 - 1 (got -1)"),
+    (["--cases", "flux:tiny@fp8"], "--cases flux:tiny@fp8: fp8 runs torchao's float8 kernels, which need a CUDA GPU"),
+])
+def test_bench_refuses_bad_options_up_front(hide_cuda, capsys, tmp_path, argv, needle):
+    from bcg_diffusion.benchmarks.step import bench_step
+
+    reason = last_error(capsys, bench_step.main([*argv, "--out-dir", str(tmp_path)]))
+    assert needle in reason, reason
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_bench_case_exits_1(hide_cuda, monkeypatch, tmp_path, capsys):
+    import bcg_pipelines
+
+    from bcg_diffusion.benchmarks.step import bench_step
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such pipeline here")
+
+    monkeypatch.setattr(bcg_pipelines, "build_pipeline", broken)
+    assert bench_step.main([*FAST_BENCH, "--out-dir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "case failed: RuntimeError: no such pipeline here" in captured.out
+    assert "error: 1 of 1 case(s) failed: pixart:tiny:256x256:b1" in captured.err
+
+
+# -- 15 and 16. bcg-load and bcg-bench name themselves; --help imports no torch ----------------------------------
+@pytest.mark.parametrize("module, script, command", [
+    ("bcg_diffusion.serving.load_test", "load.py", "bcg-load"),
+    ("bcg_diffusion.benchmarks.step.bench_step", "bench_step.py", "bcg-bench"),
+])
+def test_load_and_bench_take_their_name_from_how_they_were_run(monkeypatch, module, script, command):
+    import importlib
+
+    parser_of = importlib.import_module(module).build_parser
+    monkeypatch.setattr(sys, "argv", [f"/venv/bin/{command}"])
+    assert parser_of().prog == command
+    monkeypatch.setattr(sys, "argv", [f"scripts/{script}"])
+    assert parser_of().prog == script
+
+
+@pytest.mark.parametrize("module", ["bcg_diffusion.cli.generate", "bcg_diffusion.serving.serve_command",
+                                    "bcg_diffusion.serving.load_test", "bcg_diffusion.benchmarks.step.bench_step"])
+def test_help_imports_no_torch(module):
+    code = (f"import sys, contextlib, io\nfrom {module} import main\nwith contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    code = main(['--help'])\nassert code == 0 and 'usage:' in out.getvalue(), code\n"
+            "print(sorted(m for m in ('torch', 'diffusers', 'transformers', 'bcg_pipelines') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+# -- 22. bcg-load checks its options before any traffic ---------------------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["--request-timeout", "nan"], "argument --request-timeout: 'nan' is not a finite number"),
+    (["--time-limit", "inf"], "argument --time-limit: 'inf' is not a finite number"),
+    (["--prompts", ""], "--prompts '' holds no prompt"),
+    (["--prompts", "a fox||a cat"], "--prompts 'a fox||a cat': prompt 2 is empty"),
+    (["--out", "/proc/load.json"], "--out '/proc/load.json' cannot be written"),
+])
+def test_load_refuses_bad_options_before_any_traffic(capsys, argv, needle):
+    from bcg_diffusion.serving import load_test
+
+    reason = last_error(capsys, load_test.main(["--url", "http://127.0.0.1:9", "--requests", "1", *argv]))
+    assert needle in reason, reason

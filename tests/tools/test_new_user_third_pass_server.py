@@ -147,3 +147,16 @@ def test_serve_refuses_limits_the_model_cannot_meet_before_building(capsys, no_b
     assert serve_command.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("serve.py: error: ") and needle in err[-1], err[-3:]
+
+
+# -- 22. bcg-load checks the mix against the server before any traffic --------------------------------------------
+@pytest.mark.parametrize("sizes, needle", [("63x64", "--sizes 63x64: the server takes multiples of 16 px"),
+                                           ("64x64,512x512", "--sizes 512x512: the server's model runs at most 256 px")])
+def test_load_refuses_sizes_the_server_refuses_before_any_traffic(server, http, capsys, sizes, needle):
+    from bcg_diffusion.serving import load_test
+
+    before = counters(http)["requests"]
+    assert load_test.main(["--url", server.url, "--requests", "2", "--sizes", sizes]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "no request was sent" in err and "Traceback" not in err, err
+    assert counters(http)["requests"] == before

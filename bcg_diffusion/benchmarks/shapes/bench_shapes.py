@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=finite_float, default=None, metavar="SECONDS",
                    help="start no new mode after this many seconds (the first always runs); results are written "
                    "after every mode")
-    p.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="default: bench_results/")
+    p.add_argument("--out-dir", type=Path, default=Path("outputs") / "bench",
+                   help="default: outputs/bench/ (bench_results/ holds the committed results and their index)")
     return p
 
 
