@@ -405,3 +405,34 @@ def test_load_refuses_bad_options_before_any_traffic(capsys, argv, needle):
 
     reason = last_error(capsys, load_test.main(["--url", "http://127.0.0.1:9", "--requests", "1", *argv]))
     assert needle in reason, reason
+
+
+# -- 3. replicas this machine cannot place are refused before Ray starts --------------------------------------------
+@pytest.mark.parametrize("argv, gpus", [(["--replicas", "1", "--gpus-per-replica", "1"], "1"),
+                                        (["--replicas", "3", "--gpus-per-replica", "0.5", "--device", "cpu"], "0.5")])
+def test_replicas_that_need_gpus_this_machine_lacks_exit_2_before_ray(hide_cuda, capsys, no_build, monkeypatch,
+                                                                      argv, gpus):
+    for name in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_DEDUP_LOGS", "RAY_COLOR_PREFIX"):  # what the command sets
+        monkeypatch.delenv(name, raising=False)
+    reason = last_error(capsys, serve_command.main(argv))
+    assert f"with {gpus} GPU(s) each" in reason and "this machine has 0 GPU(s)" in reason, reason
+
+
+def test_placement_counts_shared_and_whole_gpus():
+    from bcg_diffusion.serving.replica_options import ReplicaOptions, placement_problem
+
+    assert placement_problem(ReplicaOptions(replicas=4, gpus_per_replica=0.5), True, 2) is None
+    assert placement_problem(ReplicaOptions(replicas=5, gpus_per_replica=0.5), True, 2) is not None
+    assert placement_problem(ReplicaOptions(replicas=1, gpus_per_replica=2), True, 2) is None
+    assert placement_problem(ReplicaOptions(replicas=2, gpus_per_replica=2), True, 3) is not None
+    assert placement_problem(ReplicaOptions(replicas=8), False, 0) is None  # CPU replicas: no GPU asked
+    assert placement_problem(ReplicaOptions(replicas=1), True, 0) is not None  # on CUDA the default is one GPU each
+
+
+# -- 13 and 24. what docs/serving.md says of the Ray proxy's own answers and of the replicas' output -----------------
+def test_the_serving_docs_say_what_the_ray_proxy_answers_and_how_to_see_every_replica():
+    docs = " ".join((ROOT / "docs" / "serving.md").read_text().split())
+    assert "gets the proxy's own plain-text `400 Bad Request`, not the single server's OpenAI error JSON" in docs
+    assert "`RAY_DEDUP_LOGS=0`, unless set), so every replica's lines are there" in docs
+    assert "`/stats` adds `server.replica`" in docs and "appears in the command's output, prefixed by Ray" in docs
+    assert "two of Ray's agents (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) were seen to outlive it" not in docs

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install -e \".[test,serve,ray]\"")
 
+from _process_tree import ProcessTree  # noqa: E402
 from _scripts import load_script  # noqa: E402
 
 from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
@@ -59,18 +60,22 @@ def marker_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, marker_dir):
-    """``(single, ray)``: the spawned single-process server and the spawned ``--replicas 2`` server, both ready."""
+    """``(single, ray)``: the spawned single-process server and the spawned ``--replicas 2`` server, both ready;
+    ``ray.tree`` follows the processes the Ray server starts."""
     logs = tmp_path_factory.mktemp("ray-serve")
     single = start_server(SERVER_ARGS, logs / "single.log")
     path = os.pathsep.join(p for p in (str(marker_dir), os.environ.get("PYTHONPATH")) if p)
     with _environment(PYTHONPATH=path):
         ray_server = start_server(REPLICA_ARGS, logs / "ray.log")
+    ray_server.tree = ProcessTree(ray_server.process.pid)
     try:
         wait_ready([single, ray_server], START_TIMEOUT_S)
         yield single, ray_server
     finally:
         stop_server(single)
         stop_server(ray_server)
+        ray_server.tree.stop()
+        ray_server.tree.kill_all()
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +127,18 @@ def test_two_replicas_answer_the_openai_client_with_the_single_servers_image(ser
     bad = http.post("/v1/images/generations", json={"prompt": "x", "size": "65x64"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert http.get("/health").json()["status"] == "ok"
+
+
+def test_every_replicas_output_is_in_the_commands_output(servers, http):
+    """Ray's log deduplication is off (issue 50): both replicas' build lines are there, not one '[repeated 2x]'.
+    Whether Ray would have collapsed them depends on their timing (lines within 5 s), so the setting the command
+    gave Ray is read too, from the replicas' environment."""
+    for pid in replica_pids(http):
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert b"RAY_DEDUP_LOGS=0" in environ, pid
+    log = servers[1].log_path.read_text(errors="replace")
+    building = [line for line in log.splitlines() if "building flux (tiny) on cpu" in line]
+    assert len(building) >= 2 and "repeated" not in log, building
 
 
 def test_the_replicas_get_the_servers_pythonpath(http, marker_dir):
@@ -206,3 +223,5 @@ def test_the_ray_server_stops_on_sigterm_with_its_replicas(servers, http):
         alive = {pid for pid in alive if _running(pid)}
         time.sleep(0.2)
     assert not alive, f"replica processes {sorted(alive)} outlived the server"
+    leftovers = ray_server.tree.wait_all_gone(20)  # Ray's agents too (issue 50)
+    assert not leftovers, f"processes outlived the server: {leftovers}"
