@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
 
@@ -22,7 +23,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install -e \".[test,serve,ray]\"")
 
-from _process_tree import ProcessTree  # noqa: E402
+from _process_tree import ProcessTree, is_loopback  # noqa: E402
 from _scripts import load_script  # noqa: E402
 
 from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  # noqa: E402
@@ -30,6 +31,7 @@ from bcg_diffusion.serving.spawn import start_server, stop_server, wait_ready  #
 START_TIMEOUT_S = 400  # a bound on a start-up, not a speed claim (Ray and two replicas on a loaded 2-core machine)
 REQUEST_TIMEOUT_S = 120
 RESTART_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 45  # the command's own bound on a stop: drain 15 s, Serve 10 s, the leftovers 5 + 5 s
 SERVER_ARGS = "--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-n 2 --inject slow:__slow__"
 REPLICA_ARGS = f"{SERVER_ARGS} --replicas 2"
 #: Proxy answers for a request held by a replica that died (Ray's proxy: 500; 502/503 while it reroutes).
@@ -211,12 +213,44 @@ def _running(pid: int) -> bool:
         return False
 
 
+def test_every_listening_socket_is_on_loopback(servers):
+    """With ``--host 127.0.0.1``, no process of the command listens elsewhere: Ray's GCS, raylet, agents, proxy,
+    controller and replicas included (issue 50)."""
+    listening = servers[1].tree.listening()
+    assert listening and not [s for s in listening if not is_loopback(s[1])], listening
+
+
+def test_a_request_the_proxy_cannot_parse_gets_its_400(servers):
+    """Ray's proxy answers it itself, in plain text (docs/serving.md, Faults), never a 5xx."""
+    host, port = servers[1].url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+        assert raw.recv(64).startswith(b"HTTP/1.1 400"), "the proxy did not answer 400"
+
+
 def test_the_ray_server_stops_on_sigterm_with_its_replicas(servers, http):
+    """SIGTERM while requests run: they get their answers (the replicas drain), then nothing of the command is left."""
     _, ray_server = servers
     pids = replica_pids(http)
+    held: dict = {}
+
+    def slow_request(seed: int):  # 2 s inside the pipeline of whichever replica takes it
+        held[seed] = httpx.post(f"{ray_server.url}/v1/images/generations", timeout=REQUEST_TIMEOUT_S,
+                                json={"prompt": "__slow__", "size": "64x64", "seed": seed}, trust_env=False)
+
+    threads = [threading.Thread(target=slow_request, args=(seed,)) for seed in (2, 3)]  # one per replica (Ray
+    for thread in threads:                                                                # routes to the idler one)
+        thread.start()
+    deadline = time.monotonic() + 30
+    while not http.get("/stats").json()["counters"]["running"]:
+        assert time.monotonic() < deadline, "no replica reported a slow call running"
+        time.sleep(0.05)
     started = time.monotonic()
-    assert stop_server(ray_server) == 0, ray_server.log_tail()
-    assert time.monotonic() - started < 15  # within spawn's grace, before any SIGKILL
+    assert stop_server(ray_server, grace_s=STOP_TIMEOUT_S) == 0, ray_server.log_tail()
+    assert time.monotonic() - started < STOP_TIMEOUT_S  # the command's own bound, before any SIGKILL
+    for thread in threads:
+        thread.join(REQUEST_TIMEOUT_S)
+    assert {seed: r.status_code for seed, r in held.items()} == {2: 200, 3: 200}, {s: r.text for s, r in held.items()}
     deadline = time.monotonic() + 20
     alive = set(pids)
     while alive and time.monotonic() < deadline:
@@ -225,3 +259,4 @@ def test_the_ray_server_stops_on_sigterm_with_its_replicas(servers, http):
     assert not alive, f"replica processes {sorted(alive)} outlived the server"
     leftovers = ray_server.tree.wait_all_gone(20)  # Ray's agents too (issue 50)
     assert not leftovers, f"processes outlived the server: {leftovers}"
+    assert "Traceback" not in ray_server.log_path.read_text(errors="replace")
