@@ -20,7 +20,7 @@ import argparse
 import logging
 import sys
 
-from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS
 from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="ROWS",
                    help="run requests that can share a pipeline call (same size, steps, guidance, adapter, ...) as one "
                    "call of exactly ROWS images (filler rows pad it, so an image never depends on its batch); "
-                   f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH})")
+                   f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH}; at most {MAX_BATCH})")
     g.add_argument("--batch-window-ms", type=finite_float, default=DEFAULT_WINDOW_MS, metavar="MS",
                    help="the longest a request waits for others to join its batch; a batch runs earlier once full or "
                    f"once every client of the previous call is back (default: {DEFAULT_WINDOW_MS:g})")
