@@ -9,7 +9,10 @@ one job per module, importing no command.
   :mod:`.cache_recipes`: the registry of step-cache recipes; :mod:`.cache_option`: a cache on a built pipeline.
 - :mod:`.quant_option`: ``--quant NAME`` (torchao).
 - :mod:`.timed_run`: one timed ``pipe(...)`` call (per-step times, the size the transformer ran).
-- :mod:`.media`: writing images and videos, checking ``--out``.
+- :mod:`.media`: writing images and videos; :mod:`.files`: checking that a file or folder can be written, writing a
+  file whole or not at all.
+- :mod:`.numbers`: ``finite_float`` (the type of every float option) and whole numbers.
+- :mod:`.model_limits`: the largest side and the fewest steps a model takes, read from its configs.
 
 The kit uses the library through its public names only, and no command's modules
 (``tests/tools/test_layers.py`` checks both).
