@@ -238,11 +238,13 @@ def test_the_ray_server_stops_on_sigterm_with_its_replicas(servers, http):
         held[seed] = httpx.post(f"{ray_server.url}/v1/images/generations", timeout=REQUEST_TIMEOUT_S,
                                 json={"prompt": "__slow__", "size": "64x64", "seed": seed}, trust_env=False)
 
-    threads = [threading.Thread(target=slow_request, args=(seed,)) for seed in (2, 3)]  # one per replica (Ray
-    for thread in threads:                                                                # routes to the idler one)
+    log = ray_server.log_path
+    sleeping = log.read_text(errors="replace").count("--inject slow:__slow__: sleeping")
+    threads = [threading.Thread(target=slow_request, args=(seed,)) for seed in (2, 3)]
+    for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 30
-    while not http.get("/stats").json()["counters"]["running"]:
+    deadline = time.monotonic() + 60  # a replica says when the slow call starts its 2 s (/stats may reach the other)
+    while log.read_text(errors="replace").count("--inject slow:__slow__: sleeping") == sleeping:
         assert time.monotonic() < deadline, "no replica reported a slow call running"
         time.sleep(0.05)
     started = time.monotonic()
