@@ -10,8 +10,8 @@ step caches end to end; ``--first-image`` the time to the first image per mode. 
 the whole run in K fresh processes and reports each ratio's median, spread and verdict. A case ending in
 ``:cp2`` (``:cp2r``: ring) runs the transformer with context parallelism under ``torchrun``.
 
-Writes ``bench_step_<date>.json`` and ``.md`` into ``--out-dir`` (default ``bench_results/``), and the ``.png``
-chart where matplotlib is installed (``pip install -e ".[bench]"``). The parts live in :mod:`bcg_diffusion.benchmarks`.
+Writes ``bench_step_<date>.json`` and ``.md`` into ``--out-dir`` (default ``outputs/bench/``; the committed results
+are in ``bench_results/``), and the ``.png`` chart where matplotlib is installed (``pip install -e ".[bench]"``). The parts live in :mod:`bcg_diffusion.benchmarks`.
 """
 
 from __future__ import annotations
