@@ -3,7 +3,8 @@ command (its load test, ``python scripts/load.py``).
 
 Modules, one job each:
 
-- :mod:`.server`: the serve command: options, build, speed-ups, warm-up, listen.
+- :mod:`.server`: the serve command: options, build, speed-ups, warm-up, listen; :mod:`.serve_defaults` the names and
+  defaults its parser shows without heavy imports.
 - :mod:`.granularity`: the pixel multiple a request's size must respect, read from the pipeline.
 - :mod:`.requests`: the request body (pydantic), its validation and the pipeline call it becomes.
 - :mod:`.worker`: the one thread that runs pipeline work, and the job that generates images.

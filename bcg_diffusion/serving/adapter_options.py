@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from bcg_diffusion.toolkit.options import Failure
 
-from .adapters import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
+if TYPE_CHECKING:  # torch: imported where adapters are read and loaded, not by the parser (--help)
+    from .adapters import AdapterBank, AdapterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
 def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
     """The adapters of ``--lora``; ``parser.error`` (exit 2) for a malformed one or for ``--lora-rank`` /
     ``--lora-gpu-slots`` out of range or without ``--lora``."""
+    from .adapters import parse_lora_option
+
     specs = []
     for text in args.lora:
         try:
@@ -57,6 +60,8 @@ def attach_adapters(pipe, specs: list[AdapterSpec], base_model: str, prog: str, 
     :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot be served."""
     if not specs:
         return None
+    from .adapters import AdapterBank, AdapterError
+
     try:
         bank = AdapterBank(pipe, specs, base_model=base_model, target_rank=rank, gpu_slots=gpu_slots)
         bank.load()

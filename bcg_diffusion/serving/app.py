@@ -43,7 +43,7 @@ from .worker import ImageGenerator, PipelineWorker, ServerCounters, is_out_of_me
 logger = logging.getLogger(__name__)
 
 __all__ = ["GENERATIONS_PATH", "MODELS_PATH", "OPEN_PATHS", "OWNED_BY", "ServerState", "StripTrailingSlash",
-           "authorized", "create_app", "gpu_memory", "model_object", "read_body"]
+           "authorized", "create_app", "gpu_memory", "model_object", "read_body", "route_names"]
 
 GENERATIONS_PATH = "/v1/images/generations"
 MODELS_PATH = "/v1/models"
@@ -136,6 +136,16 @@ class _AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
+def route_names(app: FastAPI) -> list[str]:
+    """``METHOD /path`` of every route of ``app`` (``HEAD`` left out: every ``GET`` takes it), for the 404's message."""
+    names = []
+    for route in app.routes:
+        methods = sorted(set(getattr(route, "methods", None) or ()) - {"HEAD"})
+        if methods and hasattr(route, "path_format"):
+            names.append(f"{'/'.join(methods)} {route.path_format}")
+    return names
+
+
 def error_response(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
     return _AsciiJSONResponse(error.body(), status_code=error.status, headers=headers)
 
@@ -188,7 +198,7 @@ def create_app(state: ServerState) -> FastAPI:
     """The application around one pipeline; its pipeline work goes through ``state.worker``."""
     app = FastAPI(title="bcg-diffusion image server", version=bcg_diffusion.__version__,
                   summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)",
-                  redirect_slashes=False)
+                  redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)  # docs/serving.md: the API
 
     if state.api_key is not None:
         @app.middleware("http")
@@ -206,8 +216,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException):  # 404, 405: OpenAI-style too
         message = str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
-            message = (f"unknown path: {request.method} {request.url.path}; the routes are POST {GENERATIONS_PATH}, "
-                       f"GET {MODELS_PATH}, GET /stats and GET /health")
+            message = f"unknown path: {request.method} {request.url.path}; the routes are {', '.join(route_names(app))}"
         elif exc.status_code == 405:
             allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
             message = f"method {request.method} is not allowed on {request.url.path}" + (

@@ -17,6 +17,7 @@ import torch
 import bcg_diffusion
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
+from bcg_diffusion.toolkit.model_limits import StepLimit, family_side_limit, min_steps, side_limit
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
 from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compiled_graphs, quantize_layer
@@ -198,7 +199,7 @@ def model_size(plan: ServerPlan) -> str:
 def make_planner(pipe, spec, plan: ServerPlan, granularity: int) -> RequestPlanner:
     """The request planner of ``pipe`` under the plan's limits and defaults (``granularity``: the pipeline's
     :func:`~.granularity.pixel_granularity`); ``Failure`` (2) when the default request itself is invalid."""
-    limits = RequestLimits(granularity=granularity, max_pixels=plan.max_pixels, max_steps=plan.max_steps, max_n=plan.max_n)
+    limits = model_limits(pipe, spec, plan, granularity)
     size = model_size(plan)
     default_size = plan.default_size
     if default_size is None:
@@ -213,6 +214,18 @@ def make_planner(pipe, spec, plan: ServerPlan, granularity: int) -> RequestPlann
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: the default request is invalid: {exc.message}") from exc
     return planner
+
+
+def model_limits(pipe, spec, plan: ServerPlan, granularity: int) -> RequestLimits:
+    """The request limits: the plan's, with the largest side and the fewest steps the model itself takes (read
+    from its transformer's and scheduler's configs: :mod:`bcg_diffusion.toolkit.model_limits`)."""
+    side = side_limit(spec, pipe.transformer.config, granularity) if getattr(pipe, "transformer", None) is not None \
+        else family_side_limit(spec, model_size(plan))
+    scheduler = getattr(pipe, "scheduler", None)
+    steps = min_steps(scheduler.config, type(scheduler).__name__) if scheduler is not None else StepLimit(1)
+    return RequestLimits(granularity=granularity, max_pixels=plan.max_pixels, max_steps=plan.max_steps,
+                         max_n=plan.max_n, max_side=side.pixels, side_reason=side.reason, min_steps=steps.steps,
+                         min_steps_reason=steps.reason)
 
 
 def print_built(seconds: float, pipe, planner: RequestPlanner, notes: list[str]) -> None:
@@ -332,6 +345,7 @@ def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: d
         "bcg": plan.bcg and device.type == "cuda", "bcg_requested": plan.bcg, "compile": plan.compile,
         "stack": {**plan.stack.as_dict(), "bcg": plan.bcg}, "batching_off": batching_off(plan),
         "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
+        "max_side": planner.limits.max_side, "min_steps": planner.limits.min_steps,
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
         "max_queue": plan.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps, "max_batch": plan.max_batch,

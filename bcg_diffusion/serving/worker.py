@@ -290,6 +290,7 @@ class ImageGenerator:
                 raise InjectedFailure(f"injected failure (--inject error:{prompt}) after denoising step 1")
             if kind == "oom":
                 raise torch.OutOfMemoryError(f"CUDA out of memory (injected by --inject oom:{prompt})")
+            logger.info("--inject slow:%s: sleeping %.0f s inside the pipeline", prompt, SLOW_INJECT_S)
             time.sleep(SLOW_INJECT_S)
 
         if "callback_on_step_end" in self._params:

@@ -74,8 +74,6 @@ SIZE_OFFENDERS = frozenset({
     "bcg_diffusion/serving/load_report.py:format_report",  # 67 lines
     "bcg_diffusion/serving/load_run.py:run_load",  # 42 lines
     "bcg_diffusion/serving/load_test.py:build_parser",  # 61 lines
-    "bcg_diffusion/serving/load_test.py:check_arguments",  # 44 lines
-    "bcg_diffusion/serving/requests.py:RequestPlanner.job",  # 46 lines
     "bcg_diffusion/serving/server.py:build_parser",  # 64 lines
     "bcg_diffusion/serving/server_plan.py:ServerPlan",  # 27 attributes
 })
