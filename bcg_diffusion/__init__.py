@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str | None] = {
     "RunnerWatcher": ".integration.events",
     "watch_every_runner": ".integration.events",
     "KNOWN_TRANSFORMERS": ".families",
+    "is_transformer_component": ".families",
     "BCGStats": ".stats",
     "GraphEntryStats": ".stats",
     "OffloadStats": ".stats",

@@ -4,8 +4,9 @@ Importing diffusers imports transformers' image processors and, where torchao is
 ``quant`` extras), torchao; each prints warnings on every run that read as failures. :func:`quiet_known_messages`
 puts one filter on each emitting logger that drops exactly the messages of :data:`KNOWN_MESSAGES`, under their
 condition; every other message of those loggers still shows, and nothing else is touched (no handler, level or
-``warnings`` filter changes). ``import bcg_diffusion`` (and ``import bcg_pipelines``) calls it, so it is in place
-before diffusers is imported through this project; it imports nothing itself.
+``warnings`` filter changes). ``import bcg_diffusion`` calls it, so it is in place before diffusers is imported
+through the library or the commands; ``bcg_pipelines`` imports nothing of ``bcg_diffusion``, so a script that uses it
+alone imports ``bcg_diffusion`` first (docs/pipelines.md). It imports nothing itself.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ KNOWN_MESSAGES: tuple[KnownMessage, ...] = (
         "torch.utils._pytree", ("is an Enum subclass and is now natively supported by torch.compile",),
         "torchao registers its Enum types with torch's pytree at import, which torch >= 2.13 calls deprecated "
         "(a note to torchao's authors)", _logged_from_torchao),
+    KnownMessage(
+        "torchao.kernel.intmm", ("Detected no triton",),
+        "with the CPU build of torch there is no Triton, and torchao's Triton int8 matmul kernels serve only CUDA "
+        "devices; nothing on a CPU could run them", _torch_without_cuda),
     KnownMessage(
         "diffusers.quantizers.torchao.torchao_quantizer", ("Unable to import `torchao` Tensor objects",),
         "diffusers' torchao quantizer misses tensor classes that torchao 0.18 moved; they matter only to loading "

@@ -10,10 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP = 20, 3, 3
-# Without --iters, each mode makes enough calls per round to take about AUTO_ROUND_S (at least
-# MIN_AUTO_ITERS and at most DEFAULT_ITERS calls), so slow compute-bound steps do not dominate the run time.
-AUTO_ROUND_S, MIN_AUTO_ITERS = 0.4, 3
+from .timing_defaults import AUTO_ROUND_S, DEFAULT_ITERS, DEFAULT_ROUNDS, DEFAULT_WARMUP, MIN_AUTO_ITERS  # noqa: F401
 
 
 class Clock:

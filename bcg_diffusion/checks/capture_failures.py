@@ -25,6 +25,7 @@ memory (allocated, reserved) is sampled through the loop. Reports ``capture_fail
 
 from __future__ import annotations
 
+from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import contextlib
 import copy
@@ -247,7 +248,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--failures", type=int, default=1000, help="planted capture failures (default: 1000)")
     parser.add_argument("--out", type=Path, required=True, help="folder of capture_failures.json and .md")
-    parser.add_argument("--time-budget", type=float, default=240.0,
+    parser.add_argument("--time-budget", type=finite_float, default=240.0,
                         help="seconds; the loop stops (reported as incomplete) when they have passed (default: 240)")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu (debug mode)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")

@@ -60,6 +60,7 @@ import torch
 
 import bcg_diffusion
 from bcg_diffusion.core import walk
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_pipelines import zoo
 
 from bcg_diffusion.toolkit.listening import listening
@@ -420,7 +421,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plants", type=int, default=600)
     parser.add_argument("--out", type=Path, required=True, help="folder of planting.json and planting.md")
-    parser.add_argument("--time-budget", type=float, default=300.0, help="seconds; plants not started by then are skipped")
+    parser.add_argument("--time-budget", type=finite_float, default=300.0, help="seconds; plants not started by then are skipped")
     parser.add_argument("--classes", help="comma-separated class or case names (default: one case per class)")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu (debug mode)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.choices import CP_MODES, MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import add_model_options, command_name
 from bcg_diffusion.toolkit.stack_options import add_stack_options
 
-__all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "NVLINK_MULTICAST_OFF", "SHAPE_KEYS", "build_parser",
-           "keep_nvlink_multicast_off", "prog"]
+__all__ = ["DEFAULT_MODEL", "GUIDANCE_LIMIT", "NVLINK_MULTICAST_OFF", "OWN_SIZE", "SHAPE_KEYS", "build_parser",
+           "dash_value_problem", "keep_nvlink_multicast_off", "prog"]
 
 DEFAULT_MODEL = "flux"  # the tiny Flux pipeline builds and runs fastest on a CPU (a few seconds)
 DEFAULT_PROMPT = "a red fox resting in a snowy birch forest at golden hour, soft light, highly detailed"
@@ -25,6 +26,8 @@ SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
 SHAPE_KEYS = ("height", "width", "num_frames")  # the call settings bcg_diffusion.warmup takes per shape
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 GUIDANCE_LIMIT = 1e4  # --guidance in 0 .. GUIDANCE_LIMIT, as serve.py's guidance_scale
+#: ``--warmup`` given without a value (the run's own size); an empty value (``--warmup ""``) is refused instead.
+OWN_SIZE = str("<the run's own size>")
 #: NCCL's NVLink multicast (NVLS) stays off wherever this program starts; set only where the user has not.
 NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -38,6 +41,15 @@ def keep_nvlink_multicast_off() -> None:
 def prog() -> str:
     """The command's name in usage and error lines: ``bcg-generate`` when run as that, else ``generate.py``."""
     return command_name("generate.py", "bcg-generate")
+
+def dash_value_problem(argv: list[str]) -> str | None:
+    """A size option given a value that starts with ``-`` (``--warmup -64x64``): argparse reads such a value as an
+    option and says only "unrecognized arguments"; this says what was wrong. ``None`` when there is none."""
+    for option, value in zip(argv, argv[1:]):
+        if option in ("--warmup", "--height", "--width", "--frames") and value.startswith("-") and value[1:2].isdigit():
+            return f"{option} {value}: sizes are positive whole numbers (WxH such as 64x64 for --warmup)"
+    return None
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -59,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--frames", type=int, default=None, help="number of frames (video families only)")
     g.add_argument("--steps", type=int, default=None,
                    help=f"denoising steps, 1 .. {MAX_STEPS} (default: the family's)")
-    g.add_argument("--guidance", type=float, default=None,
+    g.add_argument("--guidance", type=finite_float, default=None,
                    help=f"guidance scale, 0 .. {GUIDANCE_LIMIT:.0f} (default: the family's)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the initial noise, 0 <= seed < 2**64 (default: 0)")
     g.add_argument("--batch", type=int, default=1, help=f"images or videos per prompt, 1 .. {MAX_BATCH} (default: 1)")
@@ -77,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true",
                    help="run eagerly, then with BCG on the same pipeline and seed; report the per-step speedup "
                    "and whether the outputs are bitwise identical")
-    g.add_argument("--warmup", nargs="?", const="", default=None, metavar="WxH[,WxH...]",
+    g.add_argument("--warmup", nargs="?", const=OWN_SIZE, default=None, metavar="WxH[,WxH...]",
                    help="before each timed run, bcg_diffusion.warmup(pipe, shapes, ...) with the run's other call "
                    "settings: with no value the run's own size, else these sizes (width x height, as the OpenAI images "
                    "API; WxHxFRAMES for videos). The output is the same with and without it")

@@ -11,7 +11,7 @@ import sys
 
 from bcg_diffusion.toolkit.options import quiet_known_messages
 
-from .args import build_parser, keep_nvlink_multicast_off
+from .args import build_parser, dash_value_problem, keep_nvlink_multicast_off
 
 __all__ = ["main"]
 
@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_known_messages()
     parser = build_parser()
     try:
+        problem = dash_value_problem(sys.argv[1:] if argv is None else list(argv))
+        if problem:
+            parser.error(problem)
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a bad argument (2)
         return int(exc.code or 0)

@@ -17,12 +17,14 @@ from typing import Any
 
 from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS, SIDE_LIMIT_RULE
 from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_quant_problem
+from bcg_diffusion.toolkit.files import is_folder
 from bcg_diffusion.toolkit.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES, can_write_mp4, missing_folder, video_target, why_not_writable
+from bcg_diffusion.toolkit.model_limits import SideLimit, family_side_limit, largest_square, min_steps
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
-from bcg_diffusion.toolkit.sizes import max_side, parse_sizes
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
+from bcg_diffusion.toolkit.sizes import parse_sizes
 
-from .args import DEFAULT_OUT_DIR, GUIDANCE_LIMIT, SEED_LIMIT, SHAPE_KEYS, TORCHRUN_VARIABLES
+from .args import DEFAULT_OUT_DIR, GUIDANCE_LIMIT, OWN_SIZE, SEED_LIMIT, SHAPE_KEYS, TORCHRUN_VARIABLES
 
 __all__ = ["Plan", "Ranks", "make_plan", "negative_prompt_problem"]
 
@@ -79,6 +81,7 @@ def make_plan(args, parser: argparse.ArgumentParser) -> Plan:
     check_arguments(args, parser)
     spec = family_or_checkpoint(args.model, parser)
     check_sides(args, spec, parser)
+    check_steps(args, spec, parser)
     ranks = None
     if args.cp is not None:  # the launch, then the family, then the GPUs: each error says the first thing to fix
         ranks = torchrun_ranks(args.cp, parser)
@@ -181,15 +184,33 @@ def negative_prompt_problem(pipe_or_family, call: dict[str, Any], name: str, gui
     return f"--negative-prompt has no effect on {name}: {ignored.reason}; {todo}"
 
 def check_sides(args, spec, parser: argparse.ArgumentParser) -> None:
-    """``--height``/``--width`` above :func:`max_side`: ``parser.error`` (such a run would take hours and tens of
-    GiB, and the models were trained far below it)."""
-    limit = max_side(spec)
+    """``--height``/``--width`` above the model's limit (:func:`~bcg_diffusion.toolkit.model_limits.family_side_limit`:
+    its position table, or the rule's bound: such a run would take hours and tens of GiB): ``parser.error``."""
+    limit = family_side_limit(spec, args.size)
     for name in ("height", "width"):
         value = getattr(args, name)
-        if value is not None and value > limit:
-            parser.error(f"--{name} {value} is above the limit of {limit} px for "
-                         f"{spec.name if spec is not None else 'a checkpoint'} ({SIDE_LIMIT_RULE}; --list-models "
-                         "prints each family's)")
+        if value is not None and value > limit.pixels:
+            parser.error(f"--{name} {value} is above the limit of {limit.pixels} px for {side_limit_text(spec, args.size, limit)}")
+
+
+def side_limit_text(spec, size: str, limit: SideLimit) -> str:
+    """The model and why its sides are bounded, for a message after "the limit of N px for ": the rule's text
+    (``flux (4x the largest side ...; --list-models ...)``), or the position table's with the largest size."""
+    if limit.reason == SIDE_LIMIT_RULE:
+        return f"{spec.name if spec is not None else 'a checkpoint'} ({SIDE_LIMIT_RULE}; --list-models prints each family's)"
+    square = largest_square(limit, spec.spatial_multiple if spec is not None else 1)
+    return f"{spec.name if spec is not None else 'this checkpoint'} ({size}): {limit.reason}; the largest size is {square}x{square}"
+
+
+def check_steps(args, spec, parser: argparse.ArgumentParser) -> None:
+    """``--steps`` below what the family's scheduler takes (:func:`~bcg_diffusion.toolkit.model_limits.min_steps`):
+    ``parser.error`` (a checkpoint's scheduler is checked once it is loaded)."""
+    if spec is None or args.steps is None:
+        return
+    fewest = min_steps(spec.scheduler_config, spec.scheduler_class_name)
+    if args.steps < fewest.steps:
+        parser.error(f"--steps {args.steps}: {spec.name}'s scheduler {fewest.reason}; give --steps {fewest.steps} or more")
+
 
 def torchrun_ranks(mode: str, parser: argparse.ArgumentParser) -> Ranks:
     """``--cp``: this process's rank from torchrun's variables (``parser.error`` without them or with one rank)."""
@@ -247,7 +268,7 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
         return DEFAULT_OUT_DIR / f"{name}_{size_tag}_seed{args.seed}{suffix}", []
     allowed = VIDEO_SUFFIXES if is_video else IMAGE_SUFFIXES
     given = Path(args.out)  # args.out is the text as typed: a trailing "/" marks a folder, existing or not
-    if given.is_dir() or args.out.endswith(("/", os.sep)):
+    if is_folder(given) or args.out.endswith(("/", os.sep)):
         example = given / f"{model_name}.{'gif' if is_video else 'png'}"
         parser.error(f"--out {args.out!r} cannot be written: it is a folder; give a file in it, e.g. --out "
                      f"{example}")
@@ -256,7 +277,8 @@ def output_path(args, parser, model_name: str, model_size: str, is_video: bool) 
         parser.error(f"--out {args.out!r}: {args.model} makes {kind}; use one of {', '.join(allowed)}")
     out, note = video_target(given) if is_video else (given, None)
     notes = [note] if note else []
-    problem = why_not_writable(out)
+    added = (len("_bcg") if args.compare else 0) + (len(f"_{args.batch - 1}") if args.batch > 1 else 0)
+    problem = why_not_writable(out, name_extra=added)  # the names of --compare's and --batch's files are longer
     if problem:
         parser.error(f"--out {args.out!r} cannot be written: {problem}")
     folder = missing_folder(out)
@@ -280,11 +302,15 @@ def check_full_size_on_cpu(spec, dtype, parser: argparse.ArgumentParser) -> None
 
 def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], is_video: bool,
                        parser: argparse.ArgumentParser) -> list[dict[str, int]]:
-    """``--warmup`` as ``bcg_diffusion.warmup`` shapes: ``""`` is the run's own size; else ``WxH[xF],...``
+    """``--warmup`` as ``bcg_diffusion.warmup`` shapes: :data:`~.args.OWN_SIZE` (the option without a value) is the
+    run's own size; an empty value is refused; else ``WxH[xF],...``
     (width first, as the OpenAI images API and serve.py), each checked as ``--height/--width`` are."""
     import bcg_pipelines as pipelines
 
-    if not text:
+    if text is not OWN_SIZE and not text.strip():
+        parser.error(f"--warmup {text!r}: give sizes such as 512x512,768x512, or --warmup alone (no value) for the "
+                     "run's own size")
+    if text is OWN_SIZE:
         own = {k: call[k] for k in SHAPE_KEYS if k in call}
         if "height" not in own or "width" not in own:
             parser.error("--warmup without sizes warms the run's own size, which this checkpoint leaves to its "
@@ -297,8 +323,10 @@ def parse_warmup_sizes(text: str, spec, model_size: str, call: dict[str, Any], i
     shapes = []
     for size in sizes:
         width, height = size.width, size.height
-        if max(width, height) > max_side(spec):
-            parser.error(f"--warmup {size.text}: above the limit of {max_side(spec)} px per side")
+        limit = family_side_limit(spec, model_size if spec is not None else "full")
+        if max(width, height) > limit.pixels:
+            parser.error(f"--warmup {size.text}: above the limit of {limit.pixels} px per side for "
+                         f"{side_limit_text(spec, model_size, limit)}")
         frames = size.frames if size.frames else call.get("num_frames")
         if size.frames and not is_video:
             parser.error(f"--warmup {size.text}: {spec.name if spec else 'this model'} makes images; give WxH")

@@ -40,8 +40,8 @@ from bcg_diffusion.toolkit.cache_option import apply_cache, cache_passes, check_
 from bcg_diffusion.toolkit.media import save_output
 from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
 from bcg_diffusion.toolkit.options import Failure, offline_hint
-from bcg_diffusion.toolkit.sizes import max_side
 from bcg_diffusion.toolkit.stack import quantize_layer
+from bcg_diffusion.toolkit.model_limits import family_side_limit, min_steps, side_limit
 from bcg_diffusion.toolkit.speedups import (enable_context_parallel, has_cp_plan, quiet_library_warnings,
                                             regional_compile, set_attention_backend)
 from bcg_diffusion.toolkit.timed_run import RunResult, compare_outputs, run_pipeline
@@ -73,16 +73,19 @@ def size_text(width: int, height: int, frames: int | None = None) -> str:
 
 def list_models() -> int:
     """The families: kind, CFG mode, the default size of each model size (width x height) and the largest side
-    ``--height``/``--width`` take."""
-    rows = [("family", "title", "kind", "CFG", "tiny (WxH)", "full (WxH)", "max side px")]
+    ``--height``/``--width`` take at each model size (tiny/full)."""
+    rows = [("family", "title", "kind", "CFG", "tiny (WxH)", "full (WxH)", "max side px (tiny/full)")]
     for name in pipelines.list_families():
         spec = pipelines.get_family(name)
         rows.append((name, spec.title, "video" if spec.is_video else "image", spec.cfg_mode,
                      size_text(spec.tiny.width, spec.tiny.height, spec.tiny.num_frames),
-                     size_text(spec.full.width, spec.full.height, spec.full.num_frames), str(max_side(spec))))
+                     size_text(spec.full.width, spec.full.height, spec.full.num_frames),
+                     "/".join(str(family_side_limit(spec, size).pixels) for size in ("tiny", "full"))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print("The largest side is the smaller of 4x the published size's (at least 4096 px) and what the transformer's "
+          "position table holds (SD3.5's pos_embed_max_size, Wan's rope_max_seq_len), per model size.")
     print("Sizes are width x height in pixels, as --warmup, serve.py and the OpenAI images API take them; "
           "pass them as --width W --height H.")
     return 0
@@ -223,6 +226,8 @@ def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
         call, dropped = pipelines.fit_call(pipe, plan.call, batch=args.batch, exact_shape=args.no_resolution_binning)
     except ValueError as exc:
         raise Failure(2, f"{prog()}: error: {exc}") from exc
+    if not plan.is_family:  # a family was checked before the build
+        check_loaded_limits(pipe, plan, call)
     if args.negative_prompt is not None and not plan.is_family:  # a family was checked before the build
         problem = negative_prompt_problem(pipe, call, plan.model, "guidance_scale")
         if problem:
@@ -245,6 +250,26 @@ def prepare(pipe, plan: Plan, args) -> tuple[dict[str, Any], list[str]]:
         except Exception as exc:  # noqa: BLE001
             raise Failure(1, f"error: --compile: {type(exc).__name__}: {exc}") from exc
     return call, notes
+
+
+def check_loaded_limits(pipe, plan: Plan, call: dict[str, Any]) -> None:
+    """A checkpoint's limits, known once it is loaded: the steps its scheduler takes and the side its transformer's
+    position table covers (a checkpoint of a known family, whose granularity the registry gives); ``Failure`` (2)."""
+    scheduler = getattr(pipe, "scheduler", None)
+    steps = call.get("num_inference_steps")
+    if scheduler is not None and steps is not None:
+        fewest = min_steps(scheduler.config, type(scheduler).__name__)
+        if steps < fewest.steps:
+            raise Failure(2, f"{prog()}: error: --steps {steps}: {plan.model}'s scheduler {fewest.reason}; give --steps "
+                          f"{fewest.steps} or more")
+    transformer = getattr(pipe, "transformer", None)
+    if plan.spec is None or transformer is None:
+        return
+    limit = side_limit(plan.spec, transformer.config, plan.spec.spatial_multiple)
+    for name in ("height", "width"):
+        if call.get(name) is not None and call[name] > limit.pixels:
+            raise Failure(2, f"{prog()}: error: --{name} {call[name]} is above the limit of {limit.pixels} px for "
+                          f"{plan.model}: {limit.reason}")
 
 
 def split_over_ranks(transformer, ranks: Ranks) -> str:

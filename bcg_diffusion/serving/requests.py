@@ -9,6 +9,7 @@ checked as bytes (size), as JSON (syntax, nesting depth, text that is not valid 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,8 @@ STYLES = ("vivid", "natural")
 MAX_BODY_BYTES = 1 << 20
 #: Deepest JSON nesting a body may have (the fields are scalars: 1 is the object itself).
 MAX_JSON_DEPTH = 16
+#: Most digits of an integer in a body (``seed`` takes 20 at most: 2**64 - 1); a longer one is refused unread.
+MAX_INTEGER_DIGITS = 40
 #: Longest ``model`` and ``user`` (texts that are accepted and ignored).
 MAX_NAME_CHARS = 256
 #: ``lora_scale`` lies in -MAX_LORA_SCALE .. MAX_LORA_SCALE (it multiplies the adapter's alpha / rank).
@@ -59,7 +62,7 @@ class ImageRequest(BaseModel):
     request (absent or the base model's id: the base model; another id the server lists in ``/v1/models``: that
     adapter; any other id: a 404), ``user`` is accepted and ignored (clients send it), ``quality`` and ``style``
     (the OpenAI client's) are checked against their OpenAI values and ignored; ``null`` means the default for
-    every optional field but ``size`` (leave it out for the default).
+    every optional field (``"size": null`` is ``"auto"``), as the OpenAI API reads it.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -87,7 +90,10 @@ class RequestLimits:
     ``granularity``: height and width must be positive multiples of it; ``max_pixels``: height x width
     at most; ``max_steps``: ``num_inference_steps`` in 1 .. max_steps; ``max_n``: images per request in
     1 .. max_n (1 where the pipeline has no images-per-prompt argument); ``max_prompt_chars``: the length of
-    ``prompt`` and of ``negative_prompt``; ``max_body_bytes``: the request body (a 413 above).
+    ``prompt`` and of ``negative_prompt``; ``max_body_bytes``: the request body (a 413 above); ``max_side``: the
+    largest height or width the model runs at (``None``: unbounded) and ``side_reason`` why (the model's position
+    table, or the commands' rule); ``min_steps``: the fewest steps its scheduler takes and ``min_steps_reason`` why
+    (:mod:`bcg_diffusion.toolkit.model_limits`).
     """
 
     granularity: int
@@ -96,6 +102,10 @@ class RequestLimits:
     max_n: int
     max_prompt_chars: int = 4000
     max_body_bytes: int = MAX_BODY_BYTES
+    max_side: int | None = None
+    side_reason: str = ""
+    min_steps: int = 1
+    min_steps_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,13 +150,31 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+class _HugeInteger:
+    """A JSON integer of more than :data:`MAX_INTEGER_DIGITS` digits, kept unread (Python refuses to read one of
+    more than 4,300 digits, with advice about ``sys.set_int_max_str_digits`` that no API client can act on);
+    :func:`_check_json` refuses it, naming its field."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+
+def _parse_int(text: str) -> int | _HugeInteger:
+    return _HugeInteger(text) if len(text) > MAX_INTEGER_DIGITS else int(text)
+
+
 def _check_json(value: Any) -> None:
-    """:class:`RequestError` for a decoded JSON value nested deeper than :data:`MAX_JSON_DEPTH`, or holding a
+    """:class:`RequestError` for a decoded JSON value nested deeper than :data:`MAX_JSON_DEPTH`, holding an integer
+    of more than :data:`MAX_INTEGER_DIGITS` digits (:class:`_HugeInteger`), or holding a
     text (a key or a string) that is not valid Unicode: a lone UTF-16 surrogate such as ``"\\ud800"``, which
     JSON allows and UTF-8 cannot encode (the tokenizers would fail on it). Iterative: no recursion limit."""
     stack: list[tuple[Any, int, tuple]] = [(value, 1, ())]
     while stack:
         item, depth, path = stack.pop()
+        if isinstance(item, _HugeInteger):
+            where = f"{path[0]}" + "".join(f"[{p!r}]" for p in path[1:]) if path else "the body"
+            raise RequestError(f"{where} is a whole number of {item.digits} digits, far out of range (seed, the "
+                               "largest, is at most 2**64 - 1)", param=str(path[0]) if path else None)
         texts = [item] if isinstance(item, str) else list(item) if isinstance(item, dict) else []
         for text in texts:
             try:
@@ -172,7 +200,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise RequestError('the request body is empty; send a JSON object such as {"prompt": "a fox"}')
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        body = json.loads(raw, parse_constant=_reject_constant, parse_int=_parse_int)
     except RecursionError:
         raise RequestError(f"the request body is JSON nested too deeply; the fields of a request are plain values "
                            f"(at most {MAX_JSON_DEPTH} levels are read)") from None
@@ -231,6 +259,11 @@ class RequestPlanner:
         self.takes_batch = any(k in params for k in BATCH_KWARGS)
         self.takes_binning = "use_resolution_binning" in params
 
+    @property
+    def model_name(self) -> str:
+        """The model in messages: its family, else its pipeline class (a checkpoint of no known family)."""
+        return self.spec.name if self.spec is not None else type(self.pipe).__name__
+
     # -- body -> job ---------------------------------------------------------------------------------
     def parse(self, raw: bytes) -> GenerationJob:
         """Validate a raw request body; :class:`RequestError` (400, or 413 for a body above the limit) for
@@ -238,9 +271,6 @@ class RequestPlanner:
         if len(raw) > self.limits.max_body_bytes:
             raise body_too_large(self.limits.max_body_bytes)
         body = parse_body(raw)
-        if "size" in body and body["size"] is None:
-            raise RequestError("size must be a string, 'WIDTHxHEIGHT' such as '512x512' or 'auto'; leave the field "
-                               "out for the server's default size", param="size")
         try:
             request = ImageRequest.model_validate(body)
         except ValidationError as exc:
@@ -258,10 +288,7 @@ class RequestPlanner:
             why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
             raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
         width, height = self._pixels(r.size)
-        steps = r.num_inference_steps if r.num_inference_steps is not None else self.default_steps
-        if not 1 <= steps <= lim.max_steps:
-            raise RequestError(f"num_inference_steps={steps} is out of range: 1 .. {lim.max_steps}",
-                               param="num_inference_steps")
+        steps = self._steps(r.num_inference_steps)
         seed = 0 if r.seed is None else r.seed
         if not 0 <= seed < SEED_LIMIT:
             raise RequestError(f"seed={seed} is out of range: 0 .. 2**64 - 1", param="seed")
@@ -300,6 +327,19 @@ class RequestPlanner:
             raise RequestError(f"output_format {r.output_format!r} is not supported; this server returns PNG "
                                f"('{SUPPORTED_OUTPUT_FORMAT}')", param="output_format")
 
+    def _steps(self, asked: int | None) -> int:
+        """A request's ``num_inference_steps`` (the default where absent), within the limits and what the model's
+        scheduler takes."""
+        lim = self.limits
+        steps = asked if asked is not None else self.default_steps
+        if not 1 <= steps <= lim.max_steps:
+            raise RequestError(f"num_inference_steps={steps} is out of range: 1 .. {lim.max_steps}",
+                               param="num_inference_steps")
+        if steps < lim.min_steps:
+            raise RequestError(f"num_inference_steps={steps}: this model's scheduler {lim.min_steps_reason}; give "
+                               f"{lim.min_steps} or more", param="num_inference_steps")
+        return steps
+
     def _adapter_scale(self, adapter: str | None, scale: float | None) -> float | None:
         """The scale of a request's adapter: ``lora_scale``, 1.0 without one; ``None`` for the base model (where a
         ``lora_scale`` is a 400: it would have no effect)."""
@@ -328,6 +368,11 @@ class RequestPlanner:
             raise RequestError(f"size {size!r}: width and height must be positive multiples of {g} "
                                f"(the model's VAE scale factor x patch size), e.g. "
                                f"'{self.default_width}x{self.default_height}'", param="size")
+        if lim.max_side is not None and max(width, height) > lim.max_side:
+            square = min(lim.max_side, math.isqrt(lim.max_pixels))
+            square -= square % g
+            raise RequestError(f"size {size!r}: {self.model_name} runs at most {lim.max_side} px per side "
+                               f"({lim.side_reason}); the largest square size is '{square}x{square}'", param="size")
         if width * height > lim.max_pixels:
             raise RequestError(f"size {size!r} has {width * height} pixels; this server allows at most "
                                f"{lim.max_pixels} (--max-pixels)", param="size")

@@ -21,30 +21,20 @@ import argparse
 import logging
 import sys
 
-from bcg_diffusion.toolkit.choices import MAX_STEPS
+from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
 from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
 from bcg_diffusion.toolkit.stack_options import add_stack_options
 
+from .adapters.options import add_lora_options  # light: the adapters are imported where they are loaded
 from .batching.stepping.config import POLICIES  # no diffusers: --help stays light
-from .http.listen import API_KEY_VARIABLE, LISTENING_PREFIX, reserve_port, serve  # uvicorn only once serving
+from .http.listen import API_KEY_VARIABLE, LISTENING_PREFIX  # uvicorn only once serving
 from .replicas.options import add_replica_arguments  # no Ray
-from .server_plan import prog
+from .serve_defaults import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT, missing_serve_extra, prog
 
-SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
-try:
-    from .adapters.options import add_lora_options
-    from .batching.request_batching import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT
-    from .http.app import create_app
-    from .server_build import build_server
-    from .server_plan import read_plan
-except ModuleNotFoundError as exc:  # the serve extra is not installed
-    if exc.name not in SERVE_EXTRA_MODULES:
-        raise
-    MISSING_SERVE_EXTRA: str | None = f"{exc}; install the server's packages with: pip install -e \".[serve]\""
-    DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT = 500.0, 1 << 21  # --help still shows them (batching.py owns them)
-else:
-    MISSING_SERVE_EXTRA = None
+#: Set when the serve extra is missing (what to install); the parser still answers --help without it.
+MISSING_SERVE_EXTRA: str | None = missing_serve_extra()
 
 logger = logging.getLogger("serve")
 
@@ -98,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="ROWS",
                    help="run requests that can share a pipeline call (same size, steps, guidance, adapter, ...) as one "
                    "call of exactly ROWS images (filler rows pad it, so an image never depends on its batch); "
-                   f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH})")
-    g.add_argument("--batch-window-ms", type=float, default=DEFAULT_WINDOW_MS, metavar="MS",
+                   f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH}; at most {MAX_BATCH})")
+    g.add_argument("--batch-window-ms", type=finite_float, default=DEFAULT_WINDOW_MS, metavar="MS",
                    help="the longest a request waits for others to join its batch; a batch runs earlier once full or "
                    f"once every client of the previous call is back (default: {DEFAULT_WINDOW_MS:g})")
     g.add_argument("--batch-work-limit", type=int, default=DEFAULT_WORK_LIMIT, metavar="N",
@@ -112,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--step-policy", choices=POLICIES, default=None,
                    help="--batching step: which size's running batch takes the next step: round_robin (each in "
                    "turn, the default) or oldest_first (the one holding the oldest request)")
-    if MISSING_SERVE_EXTRA is None:
-        add_lora_options(p)
+    add_lora_options(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}; anything else is reachable from other "
@@ -137,6 +126,11 @@ def announce(url: str) -> None:
 def start(args, parser) -> int:
     """Read the command line into a plan (exit 2 for a bad option), reserve the port, build and warm the server,
     serve until stopped; the exit status."""
+    from .http.app import create_app  # torch, diffusers and the serve extra: only once there is something to serve
+    from .http.listen import reserve_port, serve
+    from .server_build import build_server
+    from .server_plan import read_plan
+
     plan = read_plan(args, parser, warn_open_host=True)
     sock = reserve_port(plan.host, plan.port, prog())
     try:

@@ -16,6 +16,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.model_limits import StepLimit, family_side_limit, min_steps, side_limit
 from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
@@ -204,9 +205,7 @@ def make_planner(pipe, spec, plan: ServerPlan, granularity: int, batching_off: s
     :func:`~.granularity.pixel_granularity`; ``batching_off``: why nothing is batched, ``None`` where ``--max-batch``
     batches, which caps ``n`` at it); ``Failure`` (2) when the default request itself is invalid."""
     asked = plan.requests
-    max_n = asked.max_n if batching_off is not None else min(asked.max_n, plan.batching.rows)
-    limits = RequestLimits(granularity=granularity, max_pixels=asked.max_pixels, max_steps=asked.max_steps,
-                           max_n=max_n)
+    limits = model_limits(pipe, spec, plan, granularity, batching_off)
     size = model_size(plan)
     default_size = asked.default_size
     if default_size is None:
@@ -221,6 +220,21 @@ def make_planner(pipe, spec, plan: ServerPlan, granularity: int, batching_off: s
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: the default request is invalid: {exc.message}") from exc
     return planner
+
+
+def model_limits(pipe, spec, plan: ServerPlan, granularity: int, batching_off: str | None = "") -> RequestLimits:
+    """The request limits: the plan's (``n`` capped at ``--max-batch`` where it batches: ``batching_off`` ``None``),
+    with the largest side and the fewest steps the model itself takes (read from its transformer's and scheduler's
+    configs: :mod:`bcg_diffusion.toolkit.model_limits`)."""
+    asked = plan.requests
+    side = side_limit(spec, pipe.transformer.config, granularity) if getattr(pipe, "transformer", None) is not None \
+        else family_side_limit(spec, model_size(plan))
+    scheduler = getattr(pipe, "scheduler", None)
+    steps = min_steps(scheduler.config, type(scheduler).__name__) if scheduler is not None else StepLimit(1)
+    max_n = asked.max_n if batching_off is not None else min(asked.max_n, plan.batching.rows)
+    return RequestLimits(granularity=granularity, max_pixels=asked.max_pixels, max_steps=asked.max_steps,
+                         max_n=max_n, max_side=side.pixels, side_reason=side.reason, min_steps=steps.steps,
+                         min_steps_reason=steps.reason)
 
 
 def print_built(seconds: float, pipe, planner: RequestPlanner, notes: list[str]) -> None:
@@ -354,6 +368,7 @@ def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: d
         "stack": {**plan.stack.as_dict(), "bcg": plan.bcg},
         "batching_off": CACHED_UNBATCHED if batching.rows > 1 and plan.stack.cache is not None else None,
         "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
+        "max_side": planner.limits.max_side, "min_steps": planner.limits.min_steps,
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
         "max_queue": plan.requests.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
         "default_steps": planner.default_steps, "max_batch": batching.rows,

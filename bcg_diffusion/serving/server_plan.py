@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.choices import MAX_BATCH
+from bcg_diffusion.toolkit.model_limits import family_side_limit, min_steps
 from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_quant_problem
-from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, command_name, family_or_checkpoint
+from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
 from .adapters.bank import AdapterSpec
@@ -27,6 +29,7 @@ from .adapters.options import lora_specs
 from .batching.stepping.config import STEP_PIPELINES, StepConfig
 from .catalog import ModelCatalog
 from .http.listen import API_KEY_VARIABLE, warn_if_open
+from .serve_defaults import prog
 
 __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "AdapterPlan", "BatchingPlan", "ModelPlan", "RequestPlan",
            "ServerPlan", "prog", "read_plan"]
@@ -37,11 +40,6 @@ API_KEY_PATTERN = re.compile(r"[!-~]+")
 POSITIVE_OPTIONS = ("max_pixels", "max_steps", "max_n", "max_queue", "steps", "max_batch")
 
 Size = tuple[int, int]
-
-
-def prog() -> str:
-    """The command's name in usage and error lines: ``bcg-serve`` when run as that, else ``serve.py``."""
-    return command_name("serve.py", "bcg-serve")
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,8 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     if warn_open_host:
         warn_if_open(args.host, key)
     model = model_plan(args, parser, device)
-    check_model(model.spec, args, warmup + ([default_size] if default_size else []), model.device, parser)
+    sizes = [("--warmup", size) for size in warmup] + ([("--default-size", default_size)] if default_size else [])
+    check_model(model.spec, args, sizes, model.device, parser)
     stack = read_stack(args, parser, family=model.spec.name if model.spec is not None else None, device=model.device)
     requests = RequestPlan(args.steps, default_size, args.max_pixels, args.max_steps, args.max_n, args.max_queue,
                            resolution_binning=not args.no_resolution_binning)
@@ -172,6 +171,9 @@ def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+    if args.max_batch > MAX_BATCH:
+        parser.error(f"--max-batch must be in 1 .. {MAX_BATCH} (got {args.max_batch}): every batched call runs that many "
+                     "rows, so a lone request pays for all of them")
     if args.steps is not None and args.steps > args.max_steps:
         parser.error(f"--steps {args.steps} is above --max-steps {args.max_steps}: a request without "
                      "num_inference_steps would be refused; lower --steps or raise --max-steps")
@@ -230,11 +232,21 @@ def api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | 
     return key
 
 
-def check_model(spec, args: argparse.Namespace, sizes: list[Size], device: torch.device | None,
+def check_steps(spec, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--steps`` below the fewest the family's scheduler takes: ``parser.error`` (a checkpoint's once loaded)."""
+    if spec is None or args.steps is None:
+        return
+    fewest = min_steps(spec.scheduler_config, spec.scheduler_class_name)
+    if args.steps < fewest.steps:
+        parser.error(f"--steps {args.steps}: {spec.name}'s scheduler {fewest.reason}; give --steps {fewest.steps} or more")
+
+
+def check_model(spec, args: argparse.Namespace, sizes: list[tuple[str, Size]], device: torch.device | None,
                 parser: argparse.ArgumentParser) -> None:
     """``parser.error`` for what a family cannot do, before anything is built: videos, a default step count above
-    ``--max-steps``, a --warmup or --default-size it cannot make, ``--size full`` without CUDA (unless ``--yes``);
-    a checkpoint's are checked once it is loaded (only ``--max-pixels`` here)."""
+    ``--max-steps`` or ``--steps`` below what its scheduler takes, a --warmup or --default-size (``sizes``: option
+    and size) it cannot make (beyond its side limit too), ``--size full`` without CUDA (unless ``--yes``); a
+    checkpoint's are checked once it is loaded (only ``--max-pixels`` and the commands' side rule here)."""
     if spec is not None and spec.is_video:
         images = [n for n in pipelines.list_families() if not pipelines.get_family(n).is_video]
         parser.error(f"--model {spec.name} makes videos; serve.py serves images (the OpenAI images API): "
@@ -242,10 +254,16 @@ def check_model(spec, args: argparse.Namespace, sizes: list[Size], device: torch
     if spec is not None and args.steps is None and spec.default_steps > args.max_steps:
         parser.error(f"{spec.name}'s default of {spec.default_steps} steps is above --max-steps {args.max_steps}: a "
                      "request without num_inference_steps would be refused; give --steps or raise --max-steps")
-    for width, height in sizes:
+    check_steps(spec, args, parser)
+    for option, (width, height) in sizes:
         if spec is not None and (width % spec.spatial_multiple or height % spec.spatial_multiple):
             parser.error(f"size {width}x{height}: width and height must be positive multiples of "
                          f"{spec.spatial_multiple} for {spec.name} (VAE scale factor x patch size)")
+        limit = family_side_limit(spec, args.size if spec is not None else "full")
+        if max(width, height) > limit.pixels:
+            model = f"{spec.name} ({args.size})" if spec is not None else "a checkpoint"
+            parser.error(f"{option} {width}x{height}: above the limit of {limit.pixels} px per side for {model}: "
+                         f"{limit.reason}")
         if width * height > args.max_pixels:
             parser.error(f"size {width}x{height} has {width * height} pixels, above --max-pixels {args.max_pixels}")
     if device is not None and spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:

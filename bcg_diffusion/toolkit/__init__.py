@@ -12,7 +12,10 @@ one job per module, importing no command.
   ``--compile-cache``, ``--attention-backend``), one parser for ``bcg-generate`` and ``bcg-serve``, read into a
   :class:`~.stack_options.StackOptions`; :mod:`.stack`: that stack applied to a built pipeline, layer by layer.
 - :mod:`.timed_run`: one timed ``pipe(...)`` call (per-step times, the size the transformer ran).
-- :mod:`.media`: writing images and videos, checking ``--out``.
+- :mod:`.media`: writing images and videos; :mod:`.files`: checking that a file or folder can be written, writing a
+  file whole or not at all.
+- :mod:`.numbers`: ``finite_float`` (the type of every float option) and whole numbers.
+- :mod:`.model_limits`: the largest side and the fewest steps a model takes, read from its configs.
 - :mod:`.listening`: what the library says while a case runs (runner events, warnings, problems), for the
   zoo probe and the planting harness.
 

@@ -8,16 +8,22 @@ the functions that take a spec also take its text (:func:`as_spec`) for callers 
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CACHE_DIT_FILE", "CACHE_DIT_NAMES", "CACHE_HELP", "CACHE_NAMES", "CacheSpec", "as_spec"]
+from .numbers import whole_number
+
+__all__ = ["CACHE_DIT_FILE", "CACHE_DIT_NAMES", "CACHE_HELP", "CACHE_NAMES", "WHOLE_VALUE_CACHES", "CacheSpec",
+           "as_spec"]
 
 #: diffusers' step caches (their recipes: :mod:`.cache_recipes`).
 CACHE_NAMES = ("fbc", "taylorseer", "magcache", "pab", "fastercache")
 #: cache-dit's caches (the cache-dit extra): on the whole pipeline, through cache_dit.enable_cache.
 CACHE_DIT_NAMES = ("dbcache", "dbcache-taylorseer", "dbprune")
 CACHE_DIT_FILE = "cache-dit"
+#: The caches whose value counts steps or blocks (an interval, a skip range): a whole number, never rounded.
+WHOLE_VALUE_CACHES = ("taylorseer", "pab", "fastercache")
 CACHE_HELP = (
     "fbc[:THRESHOLD] (FirstBlockCache, default 0.5), taylorseer[:INTERVAL] (TaylorSeer, default 2), "
     "magcache[:THRESHOLD] (MagCache, default 0.06), pab[:RANGE] (PyramidAttentionBroadcast, default 2), "
@@ -35,7 +41,7 @@ class CacheSpec:
     ``None`` for the cache's default) and ``text`` as the user wrote it (for messages and reports)."""
 
     name: str
-    value: float | str | None
+    value: float | int | str | None
     text: str
 
     @classmethod
@@ -58,13 +64,7 @@ class CacheSpec:
             raise ValueError(f"unknown cache {text!r}; use one of: {CACHE_HELP}")
         if not value:
             return cls(name, None, text)
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"cache {text!r}: the value after ':' must be a number ({CACHE_HELP})") from None
-        if number <= 0:
-            raise ValueError(f"cache {text!r}: the value after ':' must be positive")
-        return cls(name, number, text)
+        return cls(name, _read_value(name, value, text), text)
 
     @property
     def is_cache_dit(self) -> bool:
@@ -73,6 +73,22 @@ class CacheSpec:
 
     def __str__(self) -> str:
         return self.text
+
+
+def _read_value(name: str, value: str, text: str) -> float | int:
+    """The number after ``:``: finite and positive, and whole for :data:`WHOLE_VALUE_CACHES`; ``ValueError``
+    naming the spec otherwise."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"cache {text!r}: the value after ':' must be a number ({CACHE_HELP})") from None
+    if not math.isfinite(number):
+        raise ValueError(f"cache {text!r}: the value after ':' must be a finite number")
+    if number <= 0:
+        raise ValueError(f"cache {text!r}: the value after ':' must be positive")
+    if name in WHOLE_VALUE_CACHES:
+        return whole_number(number, f"cache {text!r}: the value after ':' (a count of steps or blocks)")
+    return number
 
 
 def as_spec(spec: CacheSpec | str) -> CacheSpec:

@@ -9,21 +9,15 @@ finished generation is never lost. numpy and PIL are imported when something is 
 from __future__ import annotations
 
 import importlib.util
-import os
-import tempfile
 from pathlib import Path
 
 from .choices import IMAGE_SUFFIXES, VIDEO_SUFFIXES
+from .files import VIRTUAL_FILESYSTEMS, atomic_target, missing_folder, why_not_writable
 
 __all__ = ["IMAGE_SUFFIXES", "MP4_INSTALL_HINT", "VIDEO_SUFFIXES", "VIRTUAL_FILESYSTEMS", "can_write_mp4",
            "missing_folder", "save_output", "video_target", "why_not_writable"]
 
 MP4_INSTALL_HINT = 'pip install -e ".[video]" adds imageio + imageio-ffmpeg for MP4'
-#: Filesystems whose files are the kernel's, not the user's: ``--out`` there is refused up front.
-VIRTUAL_FILESYSTEMS = frozenset({
-    "autofs", "binfmt_misc", "bpf", "cgroup", "cgroup2", "configfs", "debugfs", "devpts", "efivarfs", "fusectl",
-    "hugetlbfs", "mqueue", "nsfs", "proc", "pstore", "securityfs", "sysfs", "tracefs",
-})
 
 
 def can_write_mp4() -> bool:
@@ -39,70 +33,6 @@ def video_target(path: Path) -> tuple[Path, str | None]:
     gif = path.with_suffix(".gif")
     return gif, (f"note: --out {path}: no MP4 writer is installed, so the video is written as the GIF {gif} "
                  f"({MP4_INSTALL_HINT})")
-
-
-def _existing_folder(path: Path) -> Path:
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder
-
-
-def missing_folder(path: Path) -> Path | None:
-    """The folder of ``path`` when it does not exist yet (it is created when the output is written)."""
-    return None if path.parent.exists() else path.parent
-
-
-def _mount_type(folder: Path) -> str | None:
-    """The filesystem type of the mount that holds ``folder`` (Linux: /proc/self/mounts), or ``None``."""
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    resolved, best, kind = str(folder.resolve()), "", None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
-    return kind
-
-
-def why_not_writable(path: Path) -> str | None:
-    """Why a file cannot be written at ``path``, or ``None`` if it can: a folder in the way, a virtual or
-    read-only filesystem, no permission. Its folder may not exist yet: then the nearest existing folder must
-    let it be created. A probe file (or folder) is made and removed, so root's permissions on /proc and /sys,
-    which ``os.access`` reports as writable, are tested for real."""
-    if path.is_dir():
-        return f"{path} is a folder"
-    folder = _existing_folder(path)
-    if not folder.is_dir():
-        return f"{folder} is not a folder"
-    kind = _mount_type(folder)
-    if kind in VIRTUAL_FILESYSTEMS:
-        return f"{folder} is on a {kind} filesystem, whose files are the kernel's; write the output elsewhere"
-    try:
-        if os.statvfs(folder).f_flag & os.ST_RDONLY:
-            return f"{folder} is on a read-only filesystem"
-    except OSError:
-        pass
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            return f"no permission to overwrite {path}"
-        return None
-    try:
-        if folder == path.parent:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".bcg-write-check-")
-            os.close(fd)
-            os.unlink(probe)
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".bcg-write-check-"))
-    except OSError as exc:
-        return f"{'a file' if folder == path.parent else 'a folder'} cannot be made in {folder} ({exc.strerror or exc})"
-    return None
 
 
 def _to_uint8(array):
@@ -138,7 +68,8 @@ def _write_mp4(frames, target: Path, fps: int) -> None:
 def save_output(output, path: Path, is_video: bool, fps: int, tag: str = "",
                 notes: list[str] | None = None) -> list[Path]:
     """Write each image or video of the batch (``_0``, ``_1``, ... when there are several; ``tag`` before
-    the number); return the paths written. A video whose MP4 writer fails is written as a GIF beside it, with
+    the number); return the paths written. Each file is written whole or not at all (a full disk leaves no empty
+    or cut file: :func:`~.files.atomic_target`). A video whose MP4 writer fails is written as a GIF beside it, with
     a sentence appended to ``notes`` (printed by the caller)."""
     import numpy as np
     from PIL import Image
@@ -149,22 +80,30 @@ def save_output(output, path: Path, is_video: bool, fps: int, tag: str = "",
     for i, item in enumerate(batch):
         target = _numbered(path, i, len(batch), tag)
         if not is_video:
-            Image.fromarray(_to_uint8(item)).save(target)
+            with atomic_target(target) as partial:
+                Image.fromarray(_to_uint8(item)).save(partial)
         else:
             frames = [_to_uint8(f) for f in (item if isinstance(item, (list, tuple)) else np.asarray(item))]
-            if target.suffix.lower() == ".mp4":
-                try:
-                    _write_mp4(frames, target, fps)
-                except Exception as exc:  # noqa: BLE001 - the generation is done: keep it as a GIF
-                    gif = target.with_suffix(".gif")
-                    if notes is not None:
-                        notes.append(f"note: writing the MP4 {target} failed ({type(exc).__name__}: "
-                                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
-                                     f"wrote the GIF {gif} instead")
-                    target.unlink(missing_ok=True)
-                    _write_gif(frames, gif, fps)
-                    target = gif
-            else:
-                _write_gif(frames, target, fps)
+            target = _write_video(frames, target, fps, notes)
         written.append(target)
     return written
+
+
+def _write_video(frames, target: Path, fps: int, notes: list[str] | None) -> Path:
+    """``target`` as an MP4 or a GIF (by its suffix), each written whole; an MP4 whose writer fails becomes the GIF
+    beside it (the generation is done: it is kept). Returns the path written."""
+    if target.suffix.lower() == ".mp4":
+        try:
+            with atomic_target(target) as partial:
+                _write_mp4(frames, partial, fps)
+            return target
+        except Exception as exc:  # noqa: BLE001 - the generation is done: keep it as a GIF
+            gif = target.with_suffix(".gif")
+            if notes is not None:
+                notes.append(f"note: writing the MP4 {target} failed ({type(exc).__name__}: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
+                             f"wrote the GIF {gif} instead")
+            target = gif
+    with atomic_target(target) as partial:
+        _write_gif(frames, partial, fps)
+    return target

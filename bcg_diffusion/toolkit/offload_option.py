@@ -43,13 +43,12 @@ def stream_transformers(pipe: Any, slots: int, device: Any) -> str:
     import torch
 
     import bcg_diffusion
-    from bcg_diffusion.families import is_transformer_component
 
     transformers = []
     for name, component in pipe.components.items():
         if not isinstance(component, torch.nn.Module):
             continue
-        if is_transformer_component(name):
+        if bcg_diffusion.is_transformer_component(name):
             transformers.append((name, component))
         else:
             component.to(device)

@@ -70,7 +70,6 @@ SIZE_OFFENDERS = frozenset({
     "bcg_diffusion/serving/load/report.py:format_report",  # 67 lines
     "bcg_diffusion/serving/load/run.py:run_load",  # 42 lines
     "bcg_diffusion/serving/load/command.py:build_parser",  # 61 lines
-    "bcg_diffusion/serving/load/command.py:check_arguments",  # 44 lines
     "bcg_diffusion/serving/server.py:build_parser",  # 64 lines
 })
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
 
@@ -23,6 +24,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install -e \".[test,serve,ray]\"")
 
 from _faults import in_started_processes  # noqa: E402
+from _process_tree import ProcessTree, is_loopback  # noqa: E402
 from _scripts import load_script  # noqa: E402
 
 from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready  # noqa: E402
@@ -30,6 +32,7 @@ from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_rea
 START_TIMEOUT_S = 400  # a bound on a start-up, not a speed claim (Ray and two replicas on a loaded 2-core machine)
 REQUEST_TIMEOUT_S = 120
 RESTART_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 45  # the command's own bound on a stop: drain 15 s, Serve 10 s, the leftovers 5 + 5 s
 SERVER_ARGS = "--model flux --device cpu --steps 2 --warmup 64x64 --max-steps 8 --max-n 2"
 #: A request of prompt __slow__ holds its pipeline 2 s: the single server gets the rule through its launcher, the
 #: replicas (Ray's processes) through tests/fault_site (tests/_faults.py).
@@ -63,19 +66,23 @@ def marker_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, marker_dir):
-    """``(single, ray)``: the spawned single-process server and the spawned ``--replicas 2`` server, both ready."""
+    """``(single, ray)``: the spawned single-process server and the spawned ``--replicas 2`` server, both ready;
+    ``ray.tree`` follows the processes the Ray server starts."""
     logs = tmp_path_factory.mktemp("ray-serve")
     single = start_server(SERVER_ARGS, logs / "single.log", faults=FAULTS)
     with in_started_processes(FAULTS):
         path = os.pathsep.join(p for p in (str(marker_dir), os.environ.get("PYTHONPATH")) if p)
         with _environment(PYTHONPATH=path):
             ray_server = start_server(REPLICA_ARGS, logs / "ray.log")
+    ray_server.tree = ProcessTree(ray_server.process.pid)
     try:
         wait_ready([single, ray_server], START_TIMEOUT_S)
         yield single, ray_server
     finally:
         stop_server(single)
         stop_server(ray_server)
+        ray_server.tree.stop()
+        ray_server.tree.kill_all()
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +134,18 @@ def test_two_replicas_answer_the_openai_client_with_the_single_servers_image(ser
     bad = http.post("/v1/images/generations", json={"prompt": "x", "size": "65x64"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert http.get("/health").json()["status"] == "ok"
+
+
+def test_every_replicas_output_is_in_the_commands_output(servers, http):
+    """Ray's log deduplication is off (issue 50): both replicas' build lines are there, not one '[repeated 2x]'.
+    Whether Ray would have collapsed them depends on their timing (lines within 5 s), so the setting the command
+    gave Ray is read too, from the replicas' environment."""
+    for pid in replica_pids(http):
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert b"RAY_DEDUP_LOGS=0" in environ, pid
+    log = servers[1].log_path.read_text(errors="replace")
+    building = [line for line in log.splitlines() if "building flux (tiny) on cpu" in line]
+    assert len(building) >= 2 and "repeated" not in log, building
 
 
 def test_the_replicas_get_the_servers_pythonpath(http, marker_dir):
@@ -199,15 +218,52 @@ def _running(pid: int) -> bool:
         return False
 
 
+def test_every_listening_socket_is_on_loopback(servers):
+    """With ``--host 127.0.0.1``, no process of the command listens elsewhere: Ray's GCS, raylet, agents, proxy,
+    controller and replicas included (issue 50)."""
+    listening = servers[1].tree.listening()
+    assert listening and not [s for s in listening if not is_loopback(s[1])], listening
+
+
+def test_a_request_the_proxy_cannot_parse_gets_its_400(servers):
+    """Ray's proxy answers it itself, in plain text (docs/serving.md, Faults), never a 5xx."""
+    host, port = servers[1].url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+        assert raw.recv(64).startswith(b"HTTP/1.1 400"), "the proxy did not answer 400"
+
+
 def test_the_ray_server_stops_on_sigterm_with_its_replicas(servers, http):
+    """SIGTERM while requests run: they get their answers (the replicas drain), then nothing of the command is left."""
     _, ray_server = servers
     pids = replica_pids(http)
+    held: dict = {}
+
+    def slow_request(seed: int):  # 2 s inside the pipeline of whichever replica takes it
+        held[seed] = httpx.post(f"{ray_server.url}/v1/images/generations", timeout=REQUEST_TIMEOUT_S,
+                                json={"prompt": "__slow__", "size": "64x64", "seed": seed}, trust_env=False)
+
+    log = ray_server.log_path
+    sleeping = log.read_text(errors="replace").count("fault slow:__slow__: sleeping")
+    threads = [threading.Thread(target=slow_request, args=(seed,)) for seed in (2, 3)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60  # a replica says when the slow call starts its 2 s (/stats may reach the other)
+    while log.read_text(errors="replace").count("fault slow:__slow__: sleeping") == sleeping:
+        assert time.monotonic() < deadline, "no replica reported a slow call running"
+        time.sleep(0.05)
     started = time.monotonic()
-    assert stop_server(ray_server) == 0, ray_server.log_tail()
-    assert time.monotonic() - started < 15  # within spawn's grace, before any SIGKILL
+    assert stop_server(ray_server, grace_s=STOP_TIMEOUT_S) == 0, ray_server.log_tail()
+    assert time.monotonic() - started < STOP_TIMEOUT_S  # the command's own bound, before any SIGKILL
+    for thread in threads:
+        thread.join(REQUEST_TIMEOUT_S)
+    assert {seed: r.status_code for seed, r in held.items()} == {2: 200, 3: 200}, {s: r.text for s, r in held.items()}
     deadline = time.monotonic() + 20
     alive = set(pids)
     while alive and time.monotonic() < deadline:
         alive = {pid for pid in alive if _running(pid)}
         time.sleep(0.2)
     assert not alive, f"replica processes {sorted(alive)} outlived the server"
+    leftovers = ray_server.tree.wait_all_gone(20)  # Ray's agents too (issue 50)
+    assert not leftovers, f"processes outlived the server: {leftovers}"
+    assert "Traceback" not in ray_server.log_path.read_text(errors="replace")

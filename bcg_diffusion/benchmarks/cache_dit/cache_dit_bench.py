@@ -34,6 +34,7 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.numbers import finite_float
 
 PROMPT = "a red fox jumping over a frozen river at dawn"
 WARMUP_STEPS = 4
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="append", default=[], metavar="CASE",
                         help="also the compile modes for this case (repeatable; the compile modes run last)")
     parser.add_argument("--reps", type=int, default=3, help="timed calls per mode (default 3)")
-    parser.add_argument("--threshold", type=float, default=None, help="residual-difference threshold (default: calibrated)")
+    parser.add_argument("--threshold", type=finite_float, default=None, help="residual-difference threshold (default: calibrated)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON (rewritten after every case)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

@@ -10,6 +10,7 @@ Without CUDA it runs the tiny model eagerly, streamed and not (it tests the comm
 
 from __future__ import annotations
 
+from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import json
 import sys
@@ -34,14 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bcg-bench-offload", description=__doc__.split("\n\n")[0])
     p.add_argument("--case", default="flux:full:1024x1024",
                    help="model[:size][:HxW][:fFRAMES][:bBATCH]; models: flux, wan (1.3B), wan14b (default: %(default)s)")
-    p.add_argument("--cap-gib", type=float, default=16.0,
+    p.add_argument("--cap-gib", type=finite_float, default=16.0,
                    help="device memory cap of the streaming modes, GiB (torch.cuda.set_per_process_memory_fraction)")
     p.add_argument("--slots", type=int, default=2, help="OffloadConfig(slots=K) (default: 2)")
     p.add_argument("--modes", default="resident_eager,resident_bcg,stream_eager,stream_bcg,group_offload",
                    help="comma-separated, in this order (default: all)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per mode (>= 2: BCG captures at its second)")
     p.add_argument("--iters", type=int, default=3, help="timed calls per mode")
-    p.add_argument("--time-budget", type=float, default=110.0, metavar="S",
+    p.add_argument("--time-budget", type=finite_float, default=110.0, metavar="S",
                    help="start no mode after S seconds from the start (default: %(default)s)")
     p.add_argument("--dtype", choices=pipelines.DTYPE_NAMES, default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--out-dir", type=Path, default=Path("bench_results"))

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import quiet_known_messages
 
 from ..environment import environment, output_base
@@ -52,10 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-compile-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="give each mode an empty Inductor cache folder (TORCHINDUCTOR_CACHE_DIR), so compile times "
                    "are cold (default: on)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--time-budget", type=finite_float, default=None, metavar="SECONDS",
                    help="start no new mode after this many seconds (the first always runs); results are written "
                    "after every mode")
-    p.add_argument("--out-dir", type=Path, default=Path("bench_results"), help="default: bench_results/")
+    p.add_argument("--out-dir", type=Path, default=Path("outputs") / "bench",
+                   help="default: outputs/bench/ (bench_results/ holds the committed results and their index)")
     return p
 
 

@@ -18,6 +18,7 @@ options.
 
 from __future__ import annotations
 
+from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import sys
 import time
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-warmup", type=int, default=DEFAULT_CACHE_WARMUP, metavar="W",
                    help=f"first steps the cache layer always computes (default {DEFAULT_CACHE_WARMUP})")
     p.add_argument("--reps", type=int, default=2, help="timed images per mode after its first (default 2)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--time-budget", type=finite_float, default=None, metavar="SECONDS",
                    help="start no new mode or case after this many seconds (eager always runs); results are written "
                    "after every mode")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

@@ -7,8 +7,9 @@ transformer with diffusers context parallelism of degree N, Ulysses (``cpNr``: r
 ``torchrun --nproc_per_node N`` (:mod:`.parallel`). A variant
 names an entry of :data:`VARIANTS`: a function that changes the built pipeline before anything is measured
 (``@fp8``, ``@fp8wo``, ``@int8wo``, ``@int8``: the transformer quantized with torchao); add one there to get
-a new kind of case. A variant with an ``unavailable()`` method that returns a reason (torchao missing) makes
-the case skipped with that reason.
+a new kind of case. A variant with an ``unavailable(cuda)`` method that returns a reason (torchao missing, float8
+without a float8 GPU) makes a case of the matrix skipped with that reason, and a case named in ``--cases`` a usage
+error (exit code 2) before anything runs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import bcg_pipelines as pipelines
-from bcg_diffusion.toolkit.quant_option import QUANT_NAMES, apply_quant, torchao_problem
+from bcg_diffusion.toolkit.quant_option import QUANT_NAMES, apply_quant, device_problem, torchao_problem
 
 from .modes import DEFAULT_MODES
 
@@ -58,8 +59,11 @@ class QuantVariant:
     def __init__(self, name: str):
         self.name = name
 
-    def unavailable(self) -> str | None:
-        return torchao_problem()
+    def unavailable(self, cuda: bool) -> str | None:
+        """Why this quantization cannot run here: torchao missing, or float8 without a float8 GPU."""
+        import torch
+
+        return torchao_problem() or device_problem(self.name, torch.device("cuda" if cuda else "cpu"))
 
     def __call__(self, pipe) -> str:
         return apply_quant(pipe, self.name)
@@ -69,10 +73,10 @@ class QuantVariant:
 VARIANTS: dict[str, Callable[[object], str]] = {name: QuantVariant(name) for name in QUANT_NAMES}
 
 
-def variant_problem(case: "Case") -> str | None:
+def variant_problem(case: "Case", cuda: bool) -> str | None:
     """Why ``case``'s variant cannot run here (``None`` if it can, or the case has none)."""
     check = getattr(VARIANTS.get(case.variant), "unavailable", None)
-    return check() if check else None
+    return check(cuda) if check else None
 
 
 @dataclass
@@ -201,7 +205,8 @@ def matrix_entries(cases: str | None, quick: bool) -> list[tuple[str, tuple[str,
 
 
 def select_cases(entries, cuda: bool, strict: bool) -> tuple[list[Case], list[dict[str, str]]]:
-    """Resolved cases and the skipped ones (``{"case", "error"}``); with ``strict`` a bad case raises.
+    """Resolved cases and the skipped ones (``{"case", "error"}``); with ``strict`` a bad case, or one whose variant
+    cannot run here, raises.
 
     Without CUDA, cases that resolve to the same tiny case run once."""
     cases, skipped, seen = [], [], set()
@@ -213,8 +218,10 @@ def select_cases(entries, cuda: bool, strict: bool) -> tuple[list[Case], list[di
                 raise ValueError(f"--cases: {exc}") from exc
             skipped.append({"case": text, "error": str(exc)})
             continue
-        problem = variant_problem(case)
-        if problem:  # e.g. torchao missing: skipped with the install hint, the other cases run
+        problem = variant_problem(case, cuda)
+        if problem and strict:  # a case asked for by name that cannot run here: said before anything runs
+            raise ValueError(f"--cases {text}: {problem}")
+        if problem:  # e.g. torchao missing: skipped with the install hint, the other cases of the matrix run
             skipped.append({"case": text, "error": problem})
             continue
         if cuda or case.label not in seen:

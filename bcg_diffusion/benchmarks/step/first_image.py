@@ -40,6 +40,7 @@ from ..probe import CallTimer, first_step_summary, step_times
 from ..timing import Clock
 from ..trees import weight_sharing_copy
 from .e2e_row import asked_size
+from .names import DEFAULT_FIRST_IMAGE_MODES, FIRST_IMAGE_MODE_NAMES
 from .row_base import Row, fmt, yes_no
 from .seeded_images import SeededImages
 
@@ -80,7 +81,9 @@ FIRST_IMAGE_MODES: dict[str, FirstImageMode] = {m.name: m for m in (
     FirstImageMode("compile_bcg_all", "regional torch.compile of the blocks and leftover children, then "
                    "accelerate_pipeline", compile=regional_compile_all, bcg=True),
 )}
-DEFAULT_FIRST_IMAGE_MODES = ("eager", "bcg", "bcg_warmup", "compile_bcg")
+if tuple(FIRST_IMAGE_MODES) != FIRST_IMAGE_MODE_NAMES:  # the parser offers names.FIRST_IMAGE_MODE_NAMES
+    raise RuntimeError(f"first_image.FIRST_IMAGE_MODES {tuple(FIRST_IMAGE_MODES)} and names.FIRST_IMAGE_MODE_NAMES "
+                       f"{FIRST_IMAGE_MODE_NAMES} differ; keep them equal")
 
 
 def parse_first_image_modes(text: str) -> tuple[str, ...]:

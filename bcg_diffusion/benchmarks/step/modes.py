@@ -21,6 +21,7 @@ import bcg_diffusion
 from bcg_diffusion.toolkit.speedups import quiet_library_warnings, regional_compile, regional_compile_all
 
 from ..trees import clone_tree, copy_tree_, first_tensor, weight_sharing_copy
+from .names import DEFAULT_MODES, MODE_NAMES
 
 # The inductor config of partition_ceiling: Inductor partitions its CUDA graphs at the attention custom ops.
 PARTITION_OPS = ["bcg::sdpa", "bcg::dispatch_attention"]
@@ -406,8 +407,8 @@ register(Mode("partition_ceiling", "torch.compile(transformer, mode='reduce-over
               patches_attention=True))
 
 MODES = tuple(MODE_REGISTRY)
-# The modes of the default matrix, and of --cases without --modes (the others are chosen with --modes).
-DEFAULT_MODES = ("eager", "bcg", "whole_graph", "compile", "compile_bcg", "reduce_overhead")
+if MODES != MODE_NAMES:  # the parser offers names.MODE_NAMES before this module is imported
+    raise RuntimeError(f"modes.MODE_REGISTRY {MODES} and names.MODE_NAMES {MODE_NAMES} differ; keep them equal")
 CUDA_ONLY = tuple(m.name for m in MODE_REGISTRY.values() if m.needs_cuda)
 COMPILED = tuple(m.name for m in MODE_REGISTRY.values() if m.torch_compile)
 BCG_MODES = tuple(m.name for m in MODE_REGISTRY.values() if m.bcg)

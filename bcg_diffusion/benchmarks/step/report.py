@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.files import atomic_target, write_text_atomically
+
 from ..environment import SUFFIXES
 from ..timing import AUTO_ROUND_S, DEFAULT_ITERS, MIN_AUTO_ITERS
 from .chart import CHART_NEEDS_MATPLOTLIB, plot_report
@@ -42,14 +44,17 @@ def case_ratios(modes: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 def write_report(report: dict[str, Any], base: Path, chart: bool, log=None, markdown=None) -> list[Path]:
     """Write ``base``.json and .md (``markdown(report)``, default :func:`markdown_report`) and, with ``chart``,
-    .png; return the paths written. Without matplotlib the chart is skipped with one line to ``log``."""
+    .png, each whole or not at all (an earlier version stays where a write fails: a full disk leaves no empty file);
+    return the paths written. Without matplotlib the chart is skipped with one line to ``log``; ``OSError`` where
+    the disk refuses the numbers."""
     json_path, md_path, png_path = (base.with_suffix(s) for s in SUFFIXES)
-    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    md_path.write_text((markdown or markdown_report)(report))
+    write_text_atomically(json_path, json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomically(md_path, (markdown or markdown_report)(report))
     written = [json_path, md_path]
     if chart:
         try:
-            plot_report(report, png_path)
+            with atomic_target(png_path) as partial:
+                plot_report(report, partial)
             written.append(png_path)
         except ImportError:  # matplotlib is an optional extra: the numbers are in the JSON and Markdown
             if log:

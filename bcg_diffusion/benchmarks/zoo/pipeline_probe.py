@@ -22,6 +22,7 @@ Examples::
 
 from __future__ import annotations
 
+from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import json
 import os
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the JSON and Markdown reports")
-    parser.add_argument("--time-budget", type=float, default=340.0,
+    parser.add_argument("--time-budget", type=finite_float, default=340.0,
                         help="seconds; classes not started within it are reported as skipped (default 340)")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps of every call (default: each case's)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the weights (both pipelines)")

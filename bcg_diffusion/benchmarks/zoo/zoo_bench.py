@@ -43,6 +43,7 @@ import torch
 import bcg_diffusion
 from bcg_diffusion.core import reset_generator_capture_state
 from bcg_pipelines.zoo import full
+from bcg_diffusion.toolkit.numbers import finite_float
 
 from ..environment import git_commit
 from ..timing import Clock, profile_kernels, summarize
@@ -450,10 +451,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size", choices=full.SIZES, default="full",
                         help="published config (default) or the small one; without CUDA always small")
     parser.add_argument("--iters", type=int, default=20, help="at most this many timed calls per mode (default 20)")
-    parser.add_argument("--mode-seconds", type=float, default=3.0,
+    parser.add_argument("--mode-seconds", type=finite_float, default=3.0,
                         help="timed calls per mode: about this many seconds of calls, at least 3 (default 3)")
     parser.add_argument("--warmup", type=int, default=2, help="eager calls before timing (at least the 2 compared)")
-    parser.add_argument("--time-budget", type=float, default=900.0,
+    parser.add_argument("--time-budget", type=finite_float, default=900.0,
                         help="seconds; cases not started within it are reported as skipped (default 900)")
     parser.add_argument("--check-weights", default="per_pipeline_call",
                         choices=("per_pipeline_call", "every_call", "auto"),

@@ -38,6 +38,7 @@ import bcg_diffusion
 from bcg_diffusion.core import walk
 from bcg_diffusion.toolkit.listening import listening
 from bcg_pipelines import zoo
+from bcg_diffusion.toolkit.numbers import finite_float
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_OUT = Path("bench_results")
@@ -333,7 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the JSON and Markdown reports")
-    parser.add_argument("--time-budget", type=float, default=540.0,
+    parser.add_argument("--time-budget", type=finite_float, default=540.0,
                         help="seconds; cases not started within it are reported as skipped")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync-scan", action="store_true",

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
 from bcg_diffusion.toolkit.options import Failure
 
 from ..catalog import ModelCatalog
-from .bank import AdapterBank, AdapterError, AdapterSpec, parse_lora_option
+
+if TYPE_CHECKING:  # torch: imported where adapters are read and loaded, not by the parser (--help)
+    from .bank import AdapterBank, AdapterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,8 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
 def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
     """The adapters of ``--lora``; ``parser.error`` (exit 2) for a malformed one or for ``--lora-rank`` /
     ``--lora-gpu-slots`` out of range or without ``--lora``."""
+    from .bank import parse_lora_option
+
     specs = []
     for text in args.lora:
         try:
@@ -56,6 +61,8 @@ def attach_adapters(pipe, adapters, catalog: ModelCatalog, prog: str) -> Adapter
     be served."""
     if not adapters.specs:
         return None
+    from .bank import AdapterBank, AdapterError
+
     try:
         bank = AdapterBank(pipe, adapters.specs, catalog, target_rank=adapters.rank, gpu_slots=adapters.gpu_slots)
         bank.load()

@@ -37,7 +37,7 @@ from .routes import OWNED_BY, error_response
 logger = logging.getLogger(__name__)
 
 __all__ = ["GENERATIONS_PATH", "MODELS_PATH", "OPEN_PATHS", "OWNED_BY", "StripTrailingSlash", "authorized",
-           "create_app"]
+           "create_app", "route_names"]
 
 GENERATIONS_PATH = "/v1/images/generations"
 MODELS_PATH = "/v1/models"
@@ -51,7 +51,7 @@ def create_app(state: ServerState) -> FastAPI:
     routes of :mod:`.routes`, the OpenAI-style error handlers, the API key check (with ``state.api_key``)."""
     app = FastAPI(title="bcg-diffusion image server", version=bcg_diffusion.__version__,
                   summary="OpenAI images API around one diffusers pipeline (scripts/serve.py)",
-                  redirect_slashes=False)
+                  redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)  # docs/serving.md: the API
     app.state.server = state
     if state.api_key is not None:
         app.middleware("http")(require_api_key)
@@ -84,6 +84,16 @@ class StripTrailingSlash:
         await self.app(scope, receive, send)
 
 
+def route_names(app: FastAPI) -> list[str]:
+    """``METHOD /path`` of every route of ``app`` (``HEAD`` left out: every ``GET`` takes it), for the 404's message."""
+    names = []
+    for route in app.routes:
+        methods = sorted(set(getattr(route, "methods", None) or ()) - {"HEAD"})
+        if methods and hasattr(route, "path_format"):
+            names.append(f"{'/'.join(methods)} {route.path_format}")
+    return names
+
+
 def authorized(header: str | None, key: str) -> bool:
     """Whether an ``Authorization`` header carries ``Bearer <key>``; the key is compared in constant time."""
     scheme, _, given = (header or "").partition(" ")
@@ -114,8 +124,8 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     """404 and 405 of the HTTP layer, in the OpenAI format (the 404 names the routes)."""
     message = str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
-        message = (f"unknown path: {request.method} {request.url.path}; the routes are POST {GENERATIONS_PATH}, "
-                   f"GET {MODELS_PATH}, GET /stats and GET /health")
+        message = (f"unknown path: {request.method} {request.url.path}; the routes are "
+                   f"{', '.join(route_names(request.app))}")
     elif exc.status_code == 405:
         allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
         message = f"method {request.method} is not allowed on {request.url.path}" + (

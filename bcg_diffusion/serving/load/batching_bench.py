@@ -30,12 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.numbers import finite_float
+
+from ..serve_defaults import DEFAULT_WINDOW_MS
 from .mix import DEFAULT_PROMPTS, MixSpec, build_mix
 
 __all__ = ["build_parser", "main"]
 
 DEFAULT_MAX_BATCH = 8
-DEFAULT_WINDOW_MS = 500.0  # the server's (batching.DEFAULT_WINDOW_MS; this module stays light)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flux-steps", type=int, default=8, help="Flux steps per request (default: 8)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                    help=f"the batching servers' --max-batch (default: {DEFAULT_MAX_BATCH})")
-    p.add_argument("--batch-window-ms", type=float, default=DEFAULT_WINDOW_MS,
+    p.add_argument("--batch-window-ms", type=finite_float, default=DEFAULT_WINDOW_MS,
                    help=f"the batching servers' --batch-window-ms (default: {DEFAULT_WINDOW_MS:g})")
     p.add_argument("--batch-work-limit", type=int, default=0,
                    help="the batching servers' --batch-work-limit (default: 0, batch every size: the benchmark "
@@ -60,11 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flux-requests", type=int, default=64, help="Flux requests per server (default: 64)")
     p.add_argument("--concurrency", type=int, default=8, help="clients (default: 8)")
     p.add_argument("--seeds", type=int, default=4, help="seeds per prompt: distinct requests = 6 prompts x SEEDS")
-    p.add_argument("--min-throughput-ratio", type=float, default=1.8,
+    p.add_argument("--min-throughput-ratio", type=finite_float, default=1.8,
                    help="PixArt target: batching throughput / no batching (default: 1.8; 0: report only)")
-    p.add_argument("--time-limit", type=float, default=150.0, help="seconds per server's load (default: 150)")
-    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds per request (default: 60)")
-    p.add_argument("--spawn-timeout", type=float, default=300.0, help="seconds to build and warm (default: 300)")
+    p.add_argument("--time-limit", type=finite_float, default=150.0, help="seconds per server's load (default: 150)")
+    p.add_argument("--request-timeout", type=finite_float, default=60.0, help="seconds per request (default: 60)")
+    p.add_argument("--spawn-timeout", type=finite_float, default=300.0, help="seconds to build and warm (default: 300)")
     return p
 
 

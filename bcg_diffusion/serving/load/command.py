@@ -40,6 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.files import why_not_writable, write_text_atomically
+from bcg_diffusion.toolkit.numbers import finite_float
+from bcg_diffusion.toolkit.options import command_name
+
 from .mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
 
 try:
@@ -50,16 +54,24 @@ except ModuleNotFoundError as exc:
     MISSING: str | None = f"{exc}; install the load test's packages with: pip install -e \".[serve]\""
 else:
     MISSING = None
-    from ..errors import RequestError
-    from ..requests import parse_size
     from .report import cross_check, format_report, latency_ratios, summarize, throughput_ratio
     from .run import replay_alone, run_open_loop
     from .spawn import SpawnError, spawned_servers, start_server, stop_server, wait_ready
 
 
+class MixMismatch(ValueError):
+    """The mix asks a server for what it refuses (a size off its granularity or above its limits): said before any
+    traffic, as a usage error (exit code 2)."""
+
+
+def prog() -> str:
+    """The command's name in usage and error lines: ``bcg-load`` when run as that, else ``load.py``."""
+    return command_name("load.py", "bcg-load")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="load.py",
+        prog=prog(),
         description="Bounded load test of scripts/serve.py servers on 127.0.0.1 (one, or two side by side).",
         epilog="See docs/serving.md for the PixArt and Flux runs.",
     )
@@ -79,9 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=200, help="requests per server (default: 200)")
     g.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
-    g.add_argument("--time-limit", type=float, default=600.0,
+    g.add_argument("--time-limit", type=finite_float, default=600.0,
                    help="seconds per server after which no new request is sent (default: 600)")
-    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default: 300)")
+    g.add_argument("--request-timeout", type=finite_float, default=300.0, help="seconds per request (default: 300)")
     add_open_loop_arguments(g)
     g = p.add_argument_group("request mix")
     g.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
@@ -91,20 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", type=int, default=4, help="seeds drawn per request from 0 .. SEEDS-1 (default: 4)")
     g.add_argument("--mix-seed", type=int, default=0, help="seed of the mix itself (default: 0)")
     g.add_argument("--steps", type=int, default=None, help="num_inference_steps of every request (default: server's)")
-    g.add_argument("--guidance", type=float, default=None, help="guidance_scale of every request (default: server's)")
+    g.add_argument("--guidance", type=finite_float, default=None, help="guidance_scale of every request (default: server's)")
     g.add_argument("--negative-prompt", default=None, help="negative_prompt of every request")
     g.add_argument("--n", type=int, default=1, help="images per request (default: 1)")
     g.add_argument("--models", default=None, metavar="A,B,...",
                    help="model ids drawn per request as its 'model' field (the base model's id, adapters: GET "
                    "/v1/models lists them); default: no model field")
     g = p.add_argument_group("checks and output")
-    g.add_argument("--memory-tolerance", type=float, default=0.05,
+    g.add_argument("--memory-tolerance", type=finite_float, default=0.05,
                    help="GPU memory allocated at the end may differ from the start by this fraction (default: 0.05)")
-    g.add_argument("--max-latency-ratio", type=float, default=None, metavar="R",
+    g.add_argument("--max-latency-ratio", type=finite_float, default=None, metavar="R",
                    help="two servers: pass only if the second's p50 and p99 latency are <= R x the first's")
-    g.add_argument("--min-throughput-ratio", type=float, default=None, metavar="R",
+    g.add_argument("--min-throughput-ratio", type=finite_float, default=None, metavar="R",
                    help="two servers: pass only if the second's throughput is >= R x the first's")
-    g.add_argument("--max-p99-ratio", type=float, default=None, metavar="R",
+    g.add_argument("--max-p99-ratio", type=finite_float, default=None, metavar="R",
                    help="two servers: pass only if the second's p99 latency is <= R x the first's")
     g.add_argument("--no-cross-check", action="store_true",
                    help="two servers whose images differ by design (batching on against off): do not compare them")
@@ -113,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "images equal the load's (a batching server: an image must not depend on its batch)")
     g.add_argument("--out", type=Path, default=None, help="write the results (and every request's outcome) as JSON")
     g = p.add_argument_group("spawned servers")
-    g.add_argument("--spawn-timeout", type=float, default=900.0,
+    g.add_argument("--spawn-timeout", type=finite_float, default=900.0,
                    help="seconds for spawned servers to build, warm up and listen (default: 900)")
     g.add_argument("--spawn-mode", choices=("together", "sequential"), default="together",
                    help="together: start every server at once (less wall time); sequential: one server on the "
@@ -123,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_open_loop_arguments(g) -> None:
-    g.add_argument("--arrival-rate", type=float, default=None, metavar="R",
+    g.add_argument("--arrival-rate", type=finite_float, default=None, metavar="R",
                    help="open loop: requests arrive at R per second (a Poisson process, --arrival-seed) whatever the "
                    "answers, instead of --concurrency closed-loop clients; latency counts from each arrival")
     g.add_argument("--arrival-seed", type=int, default=0, help="seed of the open loop's arrivals (default: 0)")
@@ -160,6 +172,14 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(str(exc))
     if (args.min_throughput_ratio is not None or args.max_p99_ratio is not None) and servers != 2:
         parser.error("--min-throughput-ratio and --max-p99-ratio compare two servers")
+    check_numbers(args, parser)
+    check_mix_texts(args, parser)
+    if args.out is not None and (problem := why_not_writable(args.out)):
+        parser.error(f"--out {str(args.out)!r} cannot be written: {problem}")
+
+
+def check_numbers(args, parser: argparse.ArgumentParser) -> None:
+    """Counts, times, ratios and the memory tolerance in range (every float is finite already: its type)."""
     for name in ("requests", "concurrency", "seeds", "n", "max_in_flight"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
@@ -176,12 +196,43 @@ def check_arguments(args, parser: argparse.ArgumentParser) -> None:
             parser.error(f"--models {args.models!r}: give model ids separated by commas, none empty")
     if not 0 <= args.memory_tolerance:
         parser.error("--memory-tolerance must be >= 0")
+
+
+def check_mix_texts(args, parser: argparse.ArgumentParser) -> None:
+    """``--sizes`` written as sizes and ``--prompts`` holding no empty prompt: ``parser.error`` otherwise."""
+    from ..errors import RequestError  # pydantic and the pipelines: not for --help
+    from ..requests import parse_size
+
     args.sizes = ",".join(size.strip() for size in args.sizes.split(","))
     for size in args.sizes.split(","):
         try:
             parse_size(size, param="--sizes")
         except RequestError as exc:
             parser.error(exc.message)
+    if args.prompts is not None:
+        prompts = args.prompts.split("|")
+        if not any(text.strip() for text in prompts):
+            parser.error(f"--prompts {args.prompts!r} holds no prompt; give prompts separated by '|', e.g. 'a fox|a cat'")
+        empty = [i for i, text in enumerate(prompts, 1) if not text.strip()]
+        if empty:
+            parser.error(f"--prompts {args.prompts!r}: prompt {empty[0]} is empty; give prompts separated by '|', none "
+                         "empty")
+
+
+def mix_problem(stats: dict[str, Any], sizes: list[str]) -> str | None:
+    """Why a server (its ``/stats``) would refuse a size of the mix, or ``None``: a side not a multiple of its
+    pixel granularity or above its largest side, more pixels than its ``--max-pixels``."""
+    server = stats.get("server", {})
+    granularity, max_pixels, max_side = (server.get(k) for k in ("granularity", "max_pixels", "max_side"))
+    for size in sizes:
+        width, height = (int(v) for v in size.split("x"))
+        if granularity and (width % granularity or height % granularity):
+            return f"--sizes {size}: the server takes multiples of {granularity} px (its model's VAE scale x patch size)"
+        if max_side and max(width, height) > max_side:
+            return f"--sizes {size}: the server's model runs at most {max_side} px per side"
+        if max_pixels and width * height > max_pixels:
+            return f"--sizes {size}: {width * height} pixels, above the server's --max-pixels {max_pixels}"
+    return None
 
 
 def mix_spec(args) -> MixSpec:
@@ -231,6 +282,11 @@ def load_one(url: str, label: str, bodies, args) -> Any:
 
 
 def run_against_urls(urls: list[str], args, bodies) -> list[Any]:
+    """The load against each server in turn, after checking that every server takes every size of the mix."""
+    for url in urls:
+        problem = mix_problem(get_stats(url), args.sizes.split(","))
+        if problem:
+            raise MixMismatch(f"{problem}; no request was sent ({url})")
     labels = labels_for(urls, args)
     return [load_one(url, label, bodies, args) for url, label in zip(urls, labels)]
 
@@ -327,6 +383,9 @@ def run_and_report(args) -> int:
             runs = run_spawned(args, bodies)
         else:
             runs = run_against_urls(args.url or list(args.compare), args, bodies)
+    except MixMismatch as exc:
+        print(f"{prog()}: error: {exc}", file=sys.stderr)
+        return 2
     except SpawnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -340,7 +399,7 @@ def run_and_report(args) -> int:
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=str))
+        write_text_atomically(args.out, json.dumps(result, indent=1, default=str))
         print(f"wrote {args.out}")
     print(f"result: {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1

@@ -8,9 +8,12 @@ A batch holding such a prompt fails (or stalls) as a whole.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable, Mapping, Sequence
 
 from ..faults import Fault, InjectedFailure
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FAULT_KINDS", "SLOW_FAULT_S", "PromptFaults", "parse_rule"]
 
@@ -52,6 +55,7 @@ class PromptFaults:
                 raise InjectedFailure(f"injected failure (error:{prompt}) after denoising step 1")
             if kind == "oom":
                 raise torch.OutOfMemoryError(f"CUDA out of memory (injected: oom:{prompt})")
+            logger.info("fault slow:%s: sleeping %.0f s inside the pipeline", prompt, SLOW_FAULT_S)
             time.sleep(SLOW_FAULT_S)
 
         return fire

@@ -21,6 +21,7 @@ request by its timeout; only ``http://127.0.0.1:PORT`` is accepted.
 
 from __future__ import annotations
 
+from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import contextlib
 import dataclasses
@@ -556,9 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=2000, help="requests in all (default: 2000)")
     g.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default: 8)")
-    g.add_argument("--time-limit", type=float, default=MAX_TIME_LIMIT_S,
+    g.add_argument("--time-limit", type=finite_float, default=MAX_TIME_LIMIT_S,
                    help=f"seconds after which no request is started (default and most: {MAX_TIME_LIMIT_S:.0f})")
-    g.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request (default: 120)")
+    g.add_argument("--request-timeout", type=finite_float, default=120.0, help="seconds per request (default: 120)")
     g.add_argument("--phases", type=int, default=5, help="phases, each followed by a memory checkpoint; the first is "
                    "the warm-up (default: 5)")
     g = p.add_argument_group("request mix")
@@ -569,10 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--distinct", type=int, default=24, help="distinct image requests the mix draws from (default: 24)")
     g.add_argument("--mix-seed", type=int, default=0, help="seed of the mix (default: 0)")
     g = p.add_argument_group("checks and output")
-    g.add_argument("--gpu-tolerance", type=float, default=0.01, help="GPU memory after warm-up flat within (default: 0.01)")
-    g.add_argument("--host-tolerance", type=float, default=0.05, help="resident memory after warm-up within (default: 0.05)")
+    g.add_argument("--gpu-tolerance", type=finite_float, default=0.01, help="GPU memory after warm-up flat within (default: 0.01)")
+    g.add_argument("--host-tolerance", type=finite_float, default=0.05, help="resident memory after warm-up within (default: 0.05)")
     g.add_argument("--out", type=Path, required=True, help="folder of soak.json and soak.md (and the server's log)")
-    g.add_argument("--spawn-timeout", type=float, default=600.0, help="seconds for a spawned server to listen")
+    g.add_argument("--spawn-timeout", type=finite_float, default=600.0, help="seconds for a spawned server to listen")
     return p
 
 

@@ -31,6 +31,7 @@ A CPU rehearsal (tiny model, seconds; the ratios mean nothing there): ``--size t
 
 from __future__ import annotations
 
+from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import json
 import math
@@ -64,15 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=8, help="the step server's --max-batch (default: 8)")
     p.add_argument("--step-policy", default="round_robin", help="the step server's --step-policy")
     p.add_argument("--requests", type=int, default=64, help="requests per closed-loop run (default: 64)")
-    p.add_argument("--time-limit", type=float, default=12.0,
+    p.add_argument("--time-limit", type=finite_float, default=12.0,
                    help="seconds per closed-loop run: no request is sent after it (default: 12)")
-    p.add_argument("--poisson-s", type=float, default=20.0, help="seconds of open-loop arrivals (default: 20)")
-    p.add_argument("--poisson-load", type=float, default=0.9, help="open-loop rate / measured capacity (default: 0.9)")
+    p.add_argument("--poisson-s", type=finite_float, default=20.0, help="seconds of open-loop arrivals (default: 20)")
+    p.add_argument("--poisson-load", type=finite_float, default=0.9, help="open-loop rate / measured capacity (default: 0.9)")
     p.add_argument("--eager-check", action="store_true",
                    help="also build an eager step server and compare the first scenario's images with it")
     p.add_argument("--seeds", type=int, default=4, help="seeds per prompt (default: 4)")
-    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds per request (default: 60)")
-    p.add_argument("--spawn-timeout", type=float, default=300.0, help="seconds to build and warm (default: 300)")
+    p.add_argument("--request-timeout", type=finite_float, default=60.0, help="seconds per request (default: 60)")
+    p.add_argument("--spawn-timeout", type=finite_float, default=300.0, help="seconds to build and warm (default: 300)")
     p.add_argument("--no-targets", action="store_true", help="report the ratios without judging them (CPU rehearsal)")
     return p
 

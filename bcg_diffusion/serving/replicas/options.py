@@ -15,8 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from bcg_diffusion.toolkit.numbers import finite_float
+
 __all__ = ["DEFAULT_TARGET_ONGOING_REQUESTS", "REPLICA_FLAGS", "ReplicaOptions", "ReplicaOptionsError",
-           "add_replica_arguments", "replica_options_from_args", "replica_options_from_mapping"]
+           "add_replica_arguments", "placement_problem", "replica_options_from_args", "replica_options_from_mapping"]
 
 #: Ray Serve's own default of the autoscaler's target (ongoing requests per replica).
 DEFAULT_TARGET_ONGOING_REQUESTS = 2.0
@@ -93,6 +95,23 @@ class ReplicaOptions:
         return options
 
 
+def placement_problem(options: ReplicaOptions, on_cuda: bool, gpus_here: int) -> str | None:
+    """Why a local Ray instance on this machine cannot place ``options.replicas`` replicas, each reserving the GPUs
+    ``deployment_options`` gives it, on the ``gpus_here`` GPUs the machine has; ``None`` when it can. Ray would wait
+    for such replicas for ever (a replica reserves a fraction of one GPU, or whole GPUs)."""
+    gpus = options.deployment_options(on_cuda, 1)["ray_actor_options"]["num_gpus"]
+    if not gpus:
+        return None
+    per_gpu = math.floor(1 / gpus + 1e-9) if gpus <= 1 else 0  # replicas sharing one GPU
+    placeable = gpus_here * per_gpu if gpus <= 1 else gpus_here // math.ceil(gpus)
+    if options.replicas <= placeable:
+        return None
+    device = "--device cuda, or no --device where torch sees CUDA" if on_cuda else "--gpus-per-replica"
+    return (f"--replicas {options.replicas} with {gpus:g} GPU(s) each ({device}) cannot be placed: this machine has "
+            f"{gpus_here} GPU(s) that torch sees, and Ray would wait for more for ever; give --device cpu and "
+            "--gpus-per-replica 0 on a machine without a GPU, or fewer replicas")
+
+
 def _check_positive(name: str, value: Any, zero: bool = False) -> None:
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
           and (value >= 0 if zero else value > 0))
@@ -109,10 +128,10 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
                    "per GPU on CUDA (default: one process, no Ray); see docs/serving.md")
     g.add_argument("--max-replicas", type=int, default=None, metavar="M",
                    help="autoscale between --replicas and M replicas by ongoing requests (default: a fixed count)")
-    g.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
+    g.add_argument("--target-ongoing-requests", type=finite_float, default=None, metavar="R",
                    help="with --max-replicas: the requests waiting or running per replica the autoscaler aims at "
                    f"(default: {DEFAULT_TARGET_ONGOING_REQUESTS:g})")
-    g.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+    g.add_argument("--gpus-per-replica", type=finite_float, default=None, metavar="G",
                    help="GPUs Ray reserves for each replica (default: 1 on CUDA, 0 on the CPU)")
 
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+import ray
 from ray import serve
 
 from .. import server
 from ..http.app import create_app
+from ..http.listen import is_loopback
 from ..state import ServerState
 from .options import ReplicaOptions, ReplicaOptionsError, replica_options_from_mapping
 from .state import (
@@ -62,6 +64,7 @@ class ImageServerReplica:
     def __init__(self, server_options: dict[str, Any]):
         server.quiet_known_messages()
         server.configure_logging(server_options.get("log_level", "info"))
+        self._undo_loopback = bind_replica_grpc_to_loopback()
         replica = {"pid": os.getpid(), "id": _replica_id()}
         self._state: ServerState = build_server_state(argparse.Namespace(**server_options), replica)
         logger.info("replica %s ready (pid %d)", replica["id"], os.getpid())
@@ -79,6 +82,34 @@ class ImageServerReplica:
         state = getattr(self, "_state", None)
         if state is not None:
             stop_server_state(state)
+        undo = getattr(self, "_undo_loopback", None)
+        if undo is not None:
+            undo()
+
+
+def bind_replica_grpc_to_loopback() -> Callable[[], None] | None:
+    """On a node whose address is loopback (``bcg-serve --replicas`` with a loopback ``--host``), bind the replica's
+    inter-deployment gRPC server to 127.0.0.1: Ray Serve 2.60 binds it to every interface (``[::]:0``, in
+    ``ray.serve._private.replica``), while everything that calls it runs on this machine. Patches that module's
+    ``add_port_to_grpc_server`` in this replica process; returns the undo (``None`` where nothing was patched: a
+    node of a cluster, or a Ray without that function, which is logged)."""
+    if not is_loopback(ray.util.get_node_ip_address()):
+        return None
+    from ray.serve._private import replica as serve_replica
+
+    original = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if original is None:
+        logger.warning("this Ray Serve has no replica.add_port_to_grpc_server: the replica's gRPC port keeps Ray's "
+                       "address")
+        return None
+
+    def add_port(grpc_server, address: str):
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address[len("[::]:"):]
+        return original(grpc_server, address)
+
+    serve_replica.add_port_to_grpc_server = add_port
+    return lambda: setattr(serve_replica, "add_port_to_grpc_server", original)
 
 
 def _replica_id() -> str | None:

@@ -1,16 +1,28 @@
 """``bcg-serve --replicas N``: a local Ray instance, the application of :mod:`.ray_app`, Ray's proxy on ``--host``.
 
-The server's options are checked here first (the same checks and exit code 2 as the single server), then Ray is
-started on this machine only (``address="local"``: never a cluster found through ``RAY_ADDRESS``), the replicas
-build and warm their pipelines, and once Ray's HTTP proxy answers ``/health`` through a replica the command
-prints the single server's ``listening on URL`` line. It runs until SIGINT or SIGTERM, then stops the replicas
-(Ray's graceful shutdown: requests already running finish within a few seconds) and Ray. ``PYTHONPATH`` is passed
-on to Ray's workers, so a Ray installed outside the environment (``PYTHONPATH=/tmp/site``) is theirs too.
+The server's options are checked here first (the same checks and exit code 2 as the single server; also replicas
+that need more GPUs than this machine has, which Ray would wait for for ever), then Ray is started on this machine
+only (``address="local"``: never a cluster found through ``RAY_ADDRESS``), the replicas build and warm their
+pipelines, and once Ray's HTTP proxy answers ``/health`` through a replica the command prints the single server's
+``listening on URL`` line. ``PYTHONPATH`` is passed on to Ray's workers, so a Ray installed outside the environment
+(``PYTHONPATH=/tmp/site``) is theirs too.
+
+**Stopping.** SIGINT or SIGTERM stops it at any stage (starting Ray, building the replicas, serving): the
+application is deleted first, so the proxy stays up while the replicas finish the requests they hold (Ray's
+graceful shutdown, up to :data:`~.ray_app.GRACEFUL_SHUTDOWN_S`), then Serve and Ray are shut down, and any process
+this command started that is still alive (Ray's agents outlive its head) is ended: no process outlives the command.
+A second signal skips the drain.
+
+**Loopback.** With a loopback ``--host`` (the default), Ray's own servers listen on 127.0.0.1 too: its node address
+is set to the loopback one (Ray's ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read where ``ray`` is imported, makes Ray
+use 127.0.0.1 as this node's address; its GCS, raylet, agents and workers then bind to it), and the replicas' own
+gRPC server, which Ray Serve binds to every interface, is bound to loopback in the replica (:mod:`.ray_app`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import os
@@ -19,26 +31,37 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from bcg_diffusion.toolkit.options import Failure
 
-from ..http.listen import bind_socket
-from .options import ReplicaOptions
+from ..http.listen import bind_socket, is_loopback
+from .options import ReplicaOptions, placement_problem
 from .state import ServerOptionsError, check_server_args
 
 logger = logging.getLogger("serve")
 
-__all__ = ["OBJECT_STORE_BYTES", "local_ray_options", "missing_ray", "run_replicas"]
+__all__ = ["OBJECT_STORE_BYTES", "Stopped", "end_processes", "local_ray_options", "missing_ray", "ray_environment",
+           "run_replicas", "stop_ray"]
 
 #: Ray's shared-memory object store of the local instance: answers are a few PNGs, never large.
 OBJECT_STORE_BYTES = 256 * 1024**2
-#: Seconds ``serve.shutdown()`` may take (graceful: running requests finish) before Ray itself is stopped.
+#: Seconds the replicas get to finish the requests they hold once the application is deleted (Ray's graceful
+#: shutdown of a replica is 5 s; the rest is Ray's own bookkeeping), and ``serve.shutdown()`` then.
+DRAIN_S = 15.0
 SERVE_SHUTDOWN_S = 10.0
+#: Seconds a leftover process gets after SIGTERM before SIGKILL.
+END_GRACE_S = 5.0
 #: Ray Serve's own log in the replicas' output: warnings only, no access log (the server logs its requests).
 SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 #: Seconds to wait for Ray's proxy to route ``/health`` to a replica once the application runs.
 PROXY_READY_S = 60.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived (the signal's name): unwinds what the command was doing to its clean stop. A
+    ``BaseException``, so that no ``except Exception`` on the way (Ray's, ours) takes it for an error."""
 
 
 def missing_ray() -> str | None:
@@ -47,6 +70,16 @@ def missing_ray() -> str | None:
         return ("--replicas runs on Ray Serve, which is not installed; install it with: "
                 "pip install -e \".[serve,ray]\" (or pip install \"ray[serve]>=2.60,<2.61\")")
     return None
+
+
+def ray_environment(host: str) -> None:
+    """The environment Ray reads when it is imported, set where the user has not: this node's address on loopback
+    when ``host`` is (see the module's docstring), every replica's output line shown (no deduplication: each
+    replica's build, warm-up and request lines), no colour codes."""
+    if is_loopback(host):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def local_ray_options(options: ReplicaOptions) -> dict[str, Any]:
@@ -93,70 +126,161 @@ def wait_for_proxy(url: str, timeout_s: float = PROXY_READY_S) -> None:
                   f"({last})")
 
 
-def _wait_for_signal() -> str:
-    stop = threading.Event()
-    received: list[str] = []
+def _raise_stopped(signum, _frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
-    def handler(signum, _frame):
-        received.append(signal.Signals(signum).name)
-        stop.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[Callable[[], None]]:
+    """SIGINT and SIGTERM raise :class:`Stopped` in the main thread while the block runs (the previous handlers come
+    back after it); yields a function that puts this handler back (Ray's ``init`` installs its own)."""
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def install() -> None:
+        for s in STOP_SIGNALS:
+            signal.signal(s, _raise_stopped)
+
+    install()
     try:
-        while not stop.wait(1.0):
-            pass
+        yield install
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return received[0]
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
-def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, options: ReplicaOptions,
-                 announce) -> int:
-    """Serve ``args`` as ``options.replicas`` Ray Serve replicas until SIGINT/SIGTERM; ``announce(url)`` once
-    the proxy routes to them. Exit code 0; ``Failure`` when Ray or a replica cannot start."""
+def check_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, options: ReplicaOptions) -> None:
+    """The server's options as the single server checks them, and replicas this machine can place (exit code 2)."""
     try:
         server_options = check_server_args(args)
     except ServerOptionsError as exc:
         parser.error(str(exc))
     args.api_key = server_options.api_key  # resolved here: the replicas may not see this environment
+    import torch
+
+    from .ray_app import on_cuda
+
+    problem = placement_problem(options, on_cuda(args), torch.cuda.device_count())
+    if problem:
+        parser.error(problem)
+
+
+def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, options: ReplicaOptions,
+                 announce) -> int:
+    """Serve ``args`` as ``options.replicas`` Ray Serve replicas until SIGINT/SIGTERM; ``announce(url)`` once
+    the proxy routes to them. Exit code 0 once stopped; ``Failure`` when Ray or a replica cannot start."""
+    ray_environment(args.host)  # before anything imports ray, which reads it once
+    check_replicas(args, parser, options)
     port = free_port(args.host, args.port)
+    counts = (f"{options.replicas}" if not options.autoscaling else
+              f"{options.replicas} .. {options.max_replicas} (autoscaled)")
+    print(f"starting Ray Serve on this machine: {counts} replica(s) of {args.model}, each building and warming its "
+          "own pipeline ...", flush=True)
+    with stopping_on_signals() as reinstall:
+        try:
+            serve_until_stopped(args, options, port, announce, reinstall)
+        except (Stopped, SystemExit) as stop:  # SystemExit: Ray's own SIGTERM handler, while ray.init runs
+            print(f"{stop or 'SIGTERM'}: stopping the replicas and Ray ...", flush=True)
+        finally:
+            stop_ray()
+    return 0
+
+
+def serve_until_stopped(args: argparse.Namespace, options: ReplicaOptions, port: int, announce, reinstall) -> None:
+    """Start Ray, Serve and the replicas, wait for the proxy, announce, and wait for :class:`Stopped`."""
     import ray
     from ray import serve
 
     from .ray_app import APP_NAME, image_server_app
 
-    counts = (f"{options.replicas}" if not options.autoscaling else
-              f"{options.replicas} .. {options.max_replicas} (autoscaled)")
-    print(f"starting Ray Serve on this machine: {counts} replica(s) of {args.model}, each building and warming its "
-          "own pipeline ...", flush=True)
     t0 = time.perf_counter()
-    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the replicas' lines in this output without colour codes
     ray.init(**local_ray_options(options))
+    reinstall()  # ray.init put its own SIGTERM handler in place of ours
+    serve.start(http_options={"host": args.host, "port": port}, logging_config=SERVE_LOGGING)
     try:
-        serve.start(http_options={"host": args.host, "port": port}, logging_config=SERVE_LOGGING)
+        serve.run(image_server_app(args, options), name=APP_NAME, route_prefix="/", logging_config=SERVE_LOGGING)
+    except Exception as exc:  # noqa: BLE001 - e.g. a replica's build or warm-up failed: Ray's message
+        raise Failure(1, f"error: the replicas did not start: {type(exc).__name__}: {exc}") from exc
+    url = _url(args.host, port)
+    wait_for_proxy(url)
+    print(f"replicas ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    announce(url)
+    while True:
+        time.sleep(3600)
+
+
+def _bounded(name: str, work: Callable[[], Any], timeout_s: float) -> None:
+    """``work()`` in a thread for at most ``timeout_s``; its failure is logged (the stop goes on)."""
+    def run() -> None:
         try:
-            serve.run(image_server_app(args, options), name=APP_NAME, route_prefix="/", logging_config=SERVE_LOGGING)
-        except Exception as exc:  # noqa: BLE001 - e.g. a replica's build or warm-up failed: Ray's message
-            raise Failure(1, f"error: the replicas did not start: {type(exc).__name__}: {exc}") from exc
-        url = _url(args.host, port)
-        wait_for_proxy(url)
-        print(f"replicas ready in {time.perf_counter() - t0:.1f} s", flush=True)
-        announce(url)
-        why = _wait_for_signal()
-        print(f"{why}: stopping the replicas and Ray ...", flush=True)
+            work()
+        except Exception as exc:  # noqa: BLE001 - e.g. Serve never started: nothing to delete
+            logger.debug("%s: %s: %s", name, type(exc).__name__, exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        print(f"{name} did not finish within {timeout_s:.0f} s; going on", flush=True)
+
+
+def stop_ray() -> None:
+    """Delete the application (the replicas finish what they hold while the proxy still answers them), shut Serve
+    and Ray down, then end every process this command started that is still alive. A second SIGINT or SIGTERM skips
+    the drain; the rest runs with both ignored."""
+    started: list = []
+    try:
+        started = _descendants()
+        import ray
+        from ray import serve
+
+        from .ray_app import APP_NAME
+
+        if ray.is_initialized():
+            _bounded("draining the replicas", lambda: serve.delete(APP_NAME), DRAIN_S)
+            _bounded("serve.shutdown", serve.shutdown, SERVE_SHUTDOWN_S)
+    except Stopped:
+        print("second signal: stopping Ray without waiting for the replicas", flush=True)
     finally:
-        stop_ray(serve, ray)
-    return 0
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        with contextlib.suppress(Exception):
+            import ray
+
+            ray.shutdown()
+        end_processes(started + _descendants())
 
 
-def stop_ray(serve, ray, timeout_s: float = SERVE_SHUTDOWN_S) -> None:
-    """``serve.shutdown()`` (replicas finish their running requests) for at most ``timeout_s``, then
-    ``ray.shutdown()``, which ends the processes this command's Ray instance started."""
-    done = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
-    done.start()
-    done.join(timeout_s)
-    if done.is_alive():
-        print(f"Ray Serve did not stop within {timeout_s:.0f} s; stopping Ray", flush=True)
-    ray.shutdown()
+def _descendants() -> list:
+    """This process's children and their children, as ``psutil.Process`` objects (a process that a dying parent
+    leaves behind is no longer anyone's child: take the list before the parents go)."""
+    import psutil
 
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def end_processes(processes: list) -> None:
+    """SIGTERM to each process still alive, SIGKILL to those alive :data:`END_GRACE_S` later (psutil checks that
+    a process id was not reused)."""
+    import psutil
+
+    alive = [p for p in {p.pid: p for p in processes}.values() if _running(p)]
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=END_GRACE_S)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=END_GRACE_S)
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
