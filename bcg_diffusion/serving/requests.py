@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 import bcg_pipelines as pipelines
 from bcg_pipelines.calls import BATCH_KWARGS
+
+from bcg_diffusion.toolkit.sizes import Size
 
 from .catalog import ModelCatalog
 from .errors import RequestError, body_too_large
@@ -34,8 +35,6 @@ __all__ = [
 ]
 
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 <= seed < 2**64
-#: ``WIDTHxHEIGHT``: whole numbers without leading zeros, a lowercase ``x``, nothing around them (as the OpenAI API).
-SIZE_PATTERN = re.compile(r"(0|[1-9][0-9]{0,5})x(0|[1-9][0-9]{0,5})")  # 0 is read, then refused as not positive
 SUPPORTED_RESPONSE_FORMAT = "b64_json"
 SUPPORTED_OUTPUT_FORMAT = "png"
 #: The OpenAI client's ``quality`` and ``style``: accepted and validated, with no effect on the image (the
@@ -119,8 +118,7 @@ class GenerationJob:
     """
 
     prompt: str
-    width: int
-    height: int
+    size: Size
     n: int
     steps: int
     seed: int
@@ -130,20 +128,16 @@ class GenerationJob:
     adapter: str | None = None
     adapter_scale: float | None = None
 
-    @property
-    def size(self) -> str:
-        return f"{self.width}x{self.height}"
 
-
-def parse_size(text: str, *, param: str = "size") -> tuple[int, int]:
-    """``"WxH"`` (width first, as in the OpenAI API) -> ``(width, height)``; :class:`RequestError` otherwise.
-    Strict: a lowercase ``x``, no spaces, no sign, no leading zeros (``"256X256"``, ``" 256x256"`` and
-    ``"0256x0256"`` are refused, as a size written another way is probably not what was meant)."""
-    match = SIZE_PATTERN.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise RequestError(f"{param} {text!r} is not WIDTHxHEIGHT in pixels: two whole numbers without leading "
-                           "zeros joined by a lowercase x, nothing around them, e.g. '512x512'", param=param)
-    return int(match.group(1)), int(match.group(2))
+def parse_size(text: str, *, param: str = "size") -> Size:
+    """``"WxH"`` (width first, as in the OpenAI API) -> :class:`~bcg_diffusion.toolkit.sizes.Size`;
+    :class:`RequestError` otherwise. Strict (:meth:`~bcg_diffusion.toolkit.sizes.Size.parse`): a lowercase ``x``, no
+    spaces, no sign, no leading zeros (``"256X256"``, ``" 256x256"`` and ``"0256x0256"`` are refused, as a size
+    written another way is probably not what was meant)."""
+    try:
+        return Size.parse(text, param)
+    except ValueError as exc:
+        raise RequestError(str(exc), param=param) from None
 
 
 def _reject_constant(name: str):
@@ -235,10 +229,10 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
 class RequestPlanner:
     """Turns request bodies into :class:`GenerationJob` for one pipeline, checking every limit first.
 
-    ``spec`` is the pipeline's family (``None`` for a checkpoint of no known family) and ``size`` its model
-    size, ``--size`` tiny or full (the family defaults come from it; a request's ``size`` is an image size, WxH). ``resolution_binning=False`` passes
-    ``use_resolution_binning=False`` wherever the pipeline takes it. The pipeline itself is only read
-    (its call signature), never called.
+    ``spec`` is the pipeline's family (``None`` for a checkpoint of no known family) and ``model_size`` its preset,
+    ``--size`` tiny or full (the family defaults come from it); ``default_size`` is the image size of a request
+    without one. ``resolution_binning=False`` passes ``use_resolution_binning=False`` wherever the pipeline takes it.
+    The pipeline itself is only read (its call signature), never called.
 
     ``catalog`` holds the served model ids: a request's ``model`` field is resolved against it (the base model, an
     adapter, or a 404).
@@ -246,11 +240,10 @@ class RequestPlanner:
 
     pipe: Any
     spec: Any
-    size: str  # the model size (tiny, full), not an image size
+    model_size: str
     limits: RequestLimits
     catalog: ModelCatalog
-    default_width: int
-    default_height: int
+    default_size: Size
     default_steps: int
     resolution_binning: bool = True
 
@@ -287,7 +280,7 @@ class RequestPlanner:
         if not 1 <= n <= max_n:
             why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
             raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
-        width, height = self._pixels(r.size)
+        size = self._size(r.size)
         steps = self._steps(r.num_inference_steps)
         seed = 0 if r.seed is None else r.seed
         if not 0 <= seed < SEED_LIMIT:
@@ -295,9 +288,9 @@ class RequestPlanner:
         if r.guidance_scale is not None and not 0.0 <= r.guidance_scale <= 1e4:
             raise RequestError(f"guidance_scale={r.guidance_scale} is out of range: 0 .. 10000",
                                param="guidance_scale")
-        call = self._call(r, width, height, steps, n)
+        call = self._call(r, size, steps, n)
         adapter = self.catalog.resolve(r.model)
-        return GenerationJob(r.prompt, width, height, n, steps, seed, r.guidance_scale, r.negative_prompt, call,
+        return GenerationJob(r.prompt, size, n, steps, seed, r.guidance_scale, r.negative_prompt, call,
                              adapter=adapter, adapter_scale=self._adapter_scale(adapter, r.lora_scale))
 
     def _check_texts(self, r: ImageRequest) -> None:
@@ -357,31 +350,31 @@ class RequestPlanner:
                                param="lora_scale")
         return float(scale)
 
-    def _pixels(self, size: str | None) -> tuple[int, int]:
-        """The width and height of a request's ``size`` (``WxH``, ``auto`` or none: the default)."""
+    def _size(self, text: str | None) -> Size:
+        """A request's ``size`` (``WxH``, ``auto`` or none: the default), checked against the limits."""
         lim = self.limits
-        if size is None or size == "auto":
-            return self.default_width, self.default_height
-        width, height = parse_size(size)
+        if text is None or text == "auto":
+            return self.default_size
+        size = parse_size(text)
         g = lim.granularity
-        if width < g or height < g or width % g or height % g:
-            raise RequestError(f"size {size!r}: width and height must be positive multiples of {g} "
-                               f"(the model's VAE scale factor x patch size), e.g. "
-                               f"'{self.default_width}x{self.default_height}'", param="size")
-        if lim.max_side is not None and max(width, height) > lim.max_side:
+        if size.width < g or size.height < g or size.width % g or size.height % g:
+            raise RequestError(f"size {text!r}: width and height must be positive multiples of {g} "
+                               f"(the model's VAE scale factor x patch size), e.g. '{self.default_size}'", param="size")
+        if lim.max_side is not None and max(size.width, size.height) > lim.max_side:
             square = min(lim.max_side, math.isqrt(lim.max_pixels))
             square -= square % g
-            raise RequestError(f"size {size!r}: {self.model_name} runs at most {lim.max_side} px per side "
+            raise RequestError(f"size {text!r}: {self.model_name} runs at most {lim.max_side} px per side "
                                f"({lim.side_reason}); the largest square size is '{square}x{square}'", param="size")
-        if width * height > lim.max_pixels:
-            raise RequestError(f"size {size!r} has {width * height} pixels; this server allows at most "
+        if size.pixels > lim.max_pixels:
+            raise RequestError(f"size {text!r} has {size.pixels} pixels; this server allows at most "
                                f"{lim.max_pixels} (--max-pixels)", param="size")
-        return width, height
+        return size
 
-    def _call(self, r: ImageRequest, width: int, height: int, steps: int, n: int) -> dict[str, Any]:
+    def _call(self, r: ImageRequest, size: Size, steps: int, n: int) -> dict[str, Any]:
         try:
-            call = pipelines.plan_call(self.spec, self.size, prompt=r.prompt, height=height, width=width,
-                                       steps=steps, guidance=r.guidance_scale, negative_prompt=r.negative_prompt)
+            call = pipelines.plan_call(self.spec, self.model_size, prompt=r.prompt, height=size.height,
+                                       width=size.width, steps=steps, guidance=r.guidance_scale,
+                                       negative_prompt=r.negative_prompt)
             call, dropped = pipelines.fit_call(self.pipe, call, batch=n, exact_shape=not self.resolution_binning)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
@@ -403,7 +396,7 @@ class RequestPlanner:
         return call
 
     # -- start-up ------------------------------------------------------------------------------------
-    def default_job(self, width: int, height: int, prompt: str = "warm-up", model: str | None = None) -> GenerationJob:
+    def default_job(self, size: Size, prompt: str = "warm-up", model: str | None = None) -> GenerationJob:
         """The job of a request that gives only ``prompt`` and ``size`` (and ``model``: an adapter's id); the warm-up
         runs such jobs."""
-        return self.job(ImageRequest(prompt=prompt, size=f"{width}x{height}", model=model))
+        return self.job(ImageRequest(prompt=prompt, size=str(size), model=model))

@@ -23,6 +23,7 @@ from PIL import Image
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack import compiled_graphs
 
 from .calls import GenerationResult, PipelineCall
@@ -120,8 +121,8 @@ class CallRunner:
             torch.cuda.empty_cache()
         raise torch.OutOfMemoryError(message)
 
-    def warm(self, call: PipelineCall, sizes: list[tuple[int, int]], steps: int | None = None):
-        """Warm ``sizes`` (``(width, height)``) with ``call``'s settings through ``bcg_diffusion.warmup``: one call of
+    def warm(self, call: PipelineCall, sizes: list[Size], steps: int | None = None):
+        """Warm ``sizes`` with ``call``'s settings through ``bcg_diffusion.warmup``: one call of
         ``steps`` steps per size (``None``: the library's default), its own generator, the call's adapter selected;
         the library's report."""
         settings = {k: v for k, v in call.kwargs.items() if k not in PER_SHAPE_KEYS}
@@ -129,7 +130,7 @@ class CallRunner:
         try:
             self.select(call.adapter, call.adapter_scale, len(call.batch.jobs))
             with request_grad_mode():
-                return bcg_diffusion.warmup(self.pipe, [dict(height=h, width=w) for w, h in sizes], **extra,
+                return bcg_diffusion.warmup(self.pipe, [dict(height=s.height, width=s.width) for s in sizes], **extra,
                                             **settings)
         finally:
             self.refresh_stats()

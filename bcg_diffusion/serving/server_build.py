@@ -1,7 +1,7 @@
 """The server's start-up from a :class:`~.server_plan.ServerPlan`: build the pipeline, quantize it, attach the
 adapters, apply the rest of the speed stack and BCG, plan requests, set up batching, warm up, and return the
-:class:`~.state.ServerState` that :func:`~.http.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`) and its
-Ray Serve replicas (:mod:`.replicas.state`). A failed build or warm-up raises
+:class:`~.state.ServerState` that :func:`~.http.app.create_app` serves. One path for ``bcg-serve`` (:mod:`.server`)
+and its Ray Serve replicas (:mod:`.replicas.state`). A failed build or warm-up raises
 :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 1, or 2 for what the options asked and the model cannot
 do); the lines printed say what was built.
 """
@@ -20,6 +20,7 @@ from bcg_diffusion.toolkit.model_limits import StepLimit, family_side_limit, min
 from bcg_diffusion.toolkit.offload_option import build_device, stream_transformers
 from bcg_diffusion.toolkit.options import Failure, offline_hint
 from bcg_diffusion.toolkit.speedups import speed_up
+from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, compiled_graphs, quantize_layer
 from bcg_pipelines.calls import BATCH_KWARGS
 
@@ -39,7 +40,7 @@ from .worker import PipelineWorker, ServerCounters
 __all__ = ["CACHED_UNBATCHED", "CHECKPOINT_DEFAULT_SIZE", "CHECKPOINT_DEFAULT_STEPS", "build_server", "make_planner",
            "stack_up"]
 
-CHECKPOINT_DEFAULT_SIZE = (1024, 1024)
+CHECKPOINT_DEFAULT_SIZE = Size(1024, 1024)
 #: Why a server with a step cache runs every request alone (``--max-batch`` > 1 notwithstanding).
 CACHED_UNBATCHED = ("a step cache decides for a whole pipeline call (compute or reuse) from every row of it, so in a "
                     "batch a request's image would depend on its companions; with --cache every request runs alone, "
@@ -206,17 +207,15 @@ def make_planner(pipe, spec, plan: ServerPlan, granularity: int, batching_off: s
     batches, which caps ``n`` at it); ``Failure`` (2) when the default request itself is invalid."""
     asked = plan.requests
     limits = model_limits(pipe, spec, plan, granularity, batching_off)
-    size = model_size(plan)
+    preset = model_size(plan)
     default_size = asked.default_size
     if default_size is None:
-        default_size = ((spec.size(size).width, spec.size(size).height) if spec is not None
+        default_size = (Size(spec.size(preset).width, spec.size(preset).height) if spec is not None
                         else CHECKPOINT_DEFAULT_SIZE)
-    planner = RequestPlanner(pipe, spec, size, limits, plan.catalog,
-                             default_width=default_size[0], default_height=default_size[1],
-                             default_steps=default_steps(pipe, spec, asked.steps),
-                             resolution_binning=asked.resolution_binning)
+    planner = RequestPlanner(pipe, spec, preset, limits, plan.catalog, default_size,
+                             default_steps(pipe, spec, asked.steps), resolution_binning=asked.resolution_binning)
     try:
-        planner.default_job(*default_size)
+        planner.default_job(default_size)
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: the default request is invalid: {exc.message}") from exc
     return planner
@@ -240,7 +239,7 @@ def model_limits(pipe, spec, plan: ServerPlan, granularity: int, batching_off: s
 def print_built(seconds: float, pipe, planner: RequestPlanner, notes: list[str]) -> None:
     """The lines that say what was built: time, sizes, default request, speed-up notes, resolution binning."""
     print(f"built in {seconds:.1f} s; sizes in multiples of {planner.limits.granularity} px, "
-          f"default {planner.default_width}x{planner.default_height} (WxH), {planner.default_steps} steps", flush=True)
+          f"default {planner.default_size} (WxH), {planner.default_steps} steps", flush=True)
     for note in notes:
         print(f"  {note}", flush=True)
     if planner.takes_binning and planner.resolution_binning:
@@ -279,16 +278,15 @@ def batching_setup(pipe, planner: RequestPlanner, plan: ServerPlan, off: str | N
     else:
         print(f"  batching: up to {rows} images per call, window {batching.window_ms:g} ms; every batched "
               f"call runs {rows} rows (a lone request pays for a full batch)", flush=True)
-    for width, height in plan.warmup or [(planner.default_width, planner.default_height)]:
-        print(f"    {shapes.describe(width, height, planner.default_job(width, height).call)}", flush=True)
+    for size in plan.warmup or [planner.default_size]:
+        print(f"    {shapes.describe(size, planner.default_job(size).call)}", flush=True)
     return shapes
 
 
 def warmup_plan(plan: ServerPlan, planner: RequestPlanner) -> WarmupPlan:
     """What the start-up warms (:func:`~.startup_warmup.plan_warmup`: ``--warmup``, and what the stack adds); prints
     what the stack changed."""
-    warming = plan_warmup(tuple(plan.warmup), (planner.default_width, planner.default_height), planner.default_steps,
-                          plan.stack)
+    warming = plan_warmup(plan.warmup, planner.default_size, planner.default_steps, plan.stack)
     for note in warming.notes:
         print(f"  {note}", flush=True)
     return warming
@@ -326,8 +324,7 @@ def warm_pass(worker: PipelineWorker, runner: CallRunner, planner: RequestPlanne
     method = "bcg_diffusion.warmup"
     if stepped:
         method = "step scheduler" + (f" and {method}" if len(stepped) < len(sizes) else "")
-    print(f"warming up {', '.join(f'{w}x{h}' for w, h in sizes)} (WxH; {method}, {warming.steps} steps) ...",
-          flush=True)
+    print(f"warming up {', '.join(map(str, sizes))} (WxH; {method}, {warming.steps} steps) ...", flush=True)
     try:
         rest = [size for size in sizes if size not in stepped]
         reports = [worker.submit(lambda: run_warmup(runner, planner, rest, shapes, warming.steps, adapter)).result()
@@ -339,18 +336,18 @@ def warm_pass(worker: PipelineWorker, runner: CallRunner, planner: RequestPlanne
         raise Failure(1, f"error: warm-up failed: {type(exc).__name__}: {exc}") from exc
     for report in reports:
         print(str(report), flush=True)
-    return {"sizes": [f"{w}x{h}" for w, h in sizes], "total_s": round(sum(float(r.total_s) for r in reports), 3),
+    return {"sizes": [str(size) for size in sizes], "total_s": round(sum(float(r.total_s) for r in reports), 3),
             "captures": sum(int(r.captures) for r in reports), "method": method, "steps": warming.steps,
             "compiled_graphs": compiled_graphs()}
 
 
-def step_sizes(planner: RequestPlanner, sizes: list[tuple[int, int]], batcher) -> list[tuple[int, int]]:
+def step_sizes(planner: RequestPlanner, sizes: list[Size], batcher) -> list[Size]:
     """The sizes of ``sizes`` that ``batcher`` step-batches (none without step batching); ``Failure`` (2) for a
     size that is not a valid request."""
     if not isinstance(batcher, StepBatcher):
         return []
     try:
-        return [size for size in sizes if batcher.batches(planner.default_job(*size))]
+        return [size for size in sizes if batcher.batches(planner.default_job(size))]
     except RequestError as exc:
         raise Failure(2, f"{prog()}: error: --warmup: {exc.message}") from exc
 
@@ -370,7 +367,7 @@ def server_info(plan: ServerPlan, spec, pipe, planner: RequestPlanner, warmup: d
         "granularity": planner.limits.granularity, "max_pixels": planner.limits.max_pixels,
         "max_side": planner.limits.max_side, "min_steps": planner.limits.min_steps,
         "max_steps": planner.limits.max_steps, "max_n": planner.limits.max_n if planner.takes_batch else 1,
-        "max_queue": plan.requests.max_queue, "default_size": f"{planner.default_width}x{planner.default_height}",
+        "max_queue": plan.requests.max_queue, "default_size": str(planner.default_size),
         "default_steps": planner.default_steps, "max_batch": batching.rows,
         "batching": "off" if batching.rows <= 1 else ("step" if batching.step is not None else "request"),
         "resolution_binning": plan.requests.resolution_binning if planner.takes_binning else None,

@@ -22,6 +22,7 @@ from bcg_diffusion.toolkit.choices import MAX_BATCH
 from bcg_diffusion.toolkit.model_limits import family_side_limit, min_steps
 from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_quant_problem
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
+from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
 from .adapters.bank import AdapterSpec
@@ -38,9 +39,6 @@ __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "AdapterPlan", "BatchingPlan",
 API_KEY_PATTERN = re.compile(r"[!-~]+")
 #: Options that must be >= 1 when given.
 POSITIVE_OPTIONS = ("max_pixels", "max_steps", "max_n", "max_queue", "steps", "max_batch")
-
-Size = tuple[int, int]
-
 
 @dataclass(frozen=True)
 class ModelPlan:
@@ -65,9 +63,9 @@ class ModelPlan:
 
 @dataclass(frozen=True)
 class RequestPlan:
-    """A request's defaults and limits: ``steps`` (``None``: the model's), ``default_size`` (``(width, height)``;
-    ``None``: the model's), ``max_pixels``, ``max_steps``, ``max_n``, ``max_queue`` (requests waiting or running),
-    ``resolution_binning`` (not ``--no-resolution-binning``)."""
+    """A request's defaults and limits: ``steps`` (``None``: the model's), ``default_size`` (``None``: the model's),
+    ``max_pixels``, ``max_steps``, ``max_n``, ``max_queue`` (requests waiting or running), ``resolution_binning``
+    (not ``--no-resolution-binning``)."""
 
     steps: int | None
     default_size: Size | None
@@ -204,20 +202,15 @@ def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser)
     return StepConfig(rows=args.max_batch, policy=policy or "round_robin")
 
 
-def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    """``--warmup`` (a list of sizes) and ``--default-size`` (a size or ``None``); ``parser.error`` for a malformed
-    one."""
-    from .errors import RequestError
-    from .requests import parse_size
-
-    sizes = {"--warmup": [s.strip() for s in args.warmup.split(",")] if args.warmup else [],
+def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[Size], Size | None]:
+    """``--warmup`` (a list of sizes) and ``--default-size`` (a size or ``None``), each written as a request's size;
+    ``parser.error`` for a malformed one."""
+    texts = {"--warmup": [s.strip() for s in args.warmup.split(",")] if args.warmup else [],
              "--default-size": [args.default_size.strip()] if args.default_size else []}
-    parsed = {}
-    for name, texts in sizes.items():
-        try:
-            parsed[name] = [parse_size(text, param=name) for text in texts]
-        except RequestError as exc:
-            parser.error(exc.message)
+    try:
+        parsed = {name: [Size.parse(text, name) for text in values] for name, values in texts.items()}
+    except ValueError as exc:
+        parser.error(str(exc))
     return parsed["--warmup"], (parsed["--default-size"] or [None])[0]
 
 
@@ -255,17 +248,16 @@ def check_model(spec, args: argparse.Namespace, sizes: list[tuple[str, Size]], d
         parser.error(f"{spec.name}'s default of {spec.default_steps} steps is above --max-steps {args.max_steps}: a "
                      "request without num_inference_steps would be refused; give --steps or raise --max-steps")
     check_steps(spec, args, parser)
-    for option, (width, height) in sizes:
-        if spec is not None and (width % spec.spatial_multiple or height % spec.spatial_multiple):
-            parser.error(f"size {width}x{height}: width and height must be positive multiples of "
+    for option, size in sizes:
+        if spec is not None and (size.width % spec.spatial_multiple or size.height % spec.spatial_multiple):
+            parser.error(f"size {size}: width and height must be positive multiples of "
                          f"{spec.spatial_multiple} for {spec.name} (VAE scale factor x patch size)")
         limit = family_side_limit(spec, args.size if spec is not None else "full")
-        if max(width, height) > limit.pixels:
+        if max(size.width, size.height) > limit.pixels:
             model = f"{spec.name} ({args.size})" if spec is not None else "a checkpoint"
-            parser.error(f"{option} {width}x{height}: above the limit of {limit.pixels} px per side for {model}: "
-                         f"{limit.reason}")
-        if width * height > args.max_pixels:
-            parser.error(f"size {width}x{height} has {width * height} pixels, above --max-pixels {args.max_pixels}")
+            parser.error(f"{option} {size}: above the limit of {limit.pixels} px per side for {model}: {limit.reason}")
+        if size.pixels > args.max_pixels:
+            parser.error(f"size {size} has {size.pixels} pixels, above --max-pixels {args.max_pixels}")
     if device is not None and spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:
         parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU (tens of GiB, minutes "
                      "per step); pass --yes to build it anyway")

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from bcg_diffusion.toolkit.sizes import Size
+
 from .calls import Batch
 from .requests import RequestPlanner
 from .runner import CallRunner
@@ -36,23 +38,22 @@ WARMUP_STEPS = 2
 
 @dataclass(frozen=True)
 class WarmupPlan:
-    """What the start-up warms: ``sizes`` (``(width, height)``), ``steps`` per warm-up call, and ``notes``: the
-    lines that say what the stack changed (none when it changed nothing)."""
+    """What the start-up warms: ``sizes``, ``steps`` per warm-up call, and ``notes``: the lines that say what the
+    stack changed (none when it changed nothing)."""
 
-    sizes: tuple[tuple[int, int], ...]
+    sizes: tuple[Size, ...]
     steps: int = WARMUP_STEPS
     notes: tuple[str, ...] = ()
 
 
-def plan_warmup(sizes: tuple[tuple[int, int], ...], default_size: tuple[int, int], default_steps: int,
-                stack) -> WarmupPlan:
+def plan_warmup(sizes: tuple[Size, ...], default_size: Size, default_steps: int, stack) -> WarmupPlan:
     """The warm-up of a server with ``--warmup`` ``sizes``, its default request (``default_size``,
     ``default_steps``) and its speed stack (a :class:`~bcg_diffusion.toolkit.stack_options.StackOptions`)."""
     notes = []
     if not sizes and (stack.compile or stack.cache is not None):
         sizes = (default_size,)
         notes.append(f"warm-up: no --warmup given; the stack ({stack.describe()}) compiles or caches steps, so the "
-                     f"default size {default_size[0]}x{default_size[1]} is warmed before listening")
+                     f"default size {default_size} is warmed before listening")
     steps = WARMUP_STEPS
     if stack.cache is not None and sizes:
         steps = default_steps
@@ -80,22 +81,23 @@ class CombinedWarmupReport:
         return "\n".join(str(r) for r in self.reports)
 
 
-def warmup_batch(planner: RequestPlanner, size: tuple[int, int], shapes=None, adapter: str | None = None) -> Batch:
+def warmup_batch(planner: RequestPlanner, size: Size, shapes=None, adapter: str | None = None) -> Batch:
     """The batch a request of ``size`` with only a prompt (for ``adapter``; ``None``: the base model) makes: alone,
-    or at the rows its size is batched at (``shapes``: a :class:`.batching.request_batching.BatchShapes`; ``None``: no batching).
+    or at the rows its size is batched at (``shapes``: a :class:`.batching.request_batching.BatchShapes`; ``None``:
+    no batching).
     ``RequestError`` where that request is not valid."""
-    job = planner.default_job(*size, model=adapter)  # the same checks as a request of that size
+    job = planner.default_job(size, model=adapter)  # the same checks as a request of that size
     rows = shapes.rows_of(job) if shapes is not None else 1
     return Batch((job,), rows) if rows > 1 else Batch.alone(job)
 
 
-def run_warmup(runner: CallRunner, planner: RequestPlanner, sizes: list[tuple[int, int]], shapes=None,
+def run_warmup(runner: CallRunner, planner: RequestPlanner, sizes: list[Size], shapes=None,
                steps: int = WARMUP_STEPS, adapter: str | None = None):
-    """Warm every ``(width, height)`` in ``sizes`` (validated as requests first: ``RequestError``) with calls of
+    """Warm every size of ``sizes`` (validated as requests first: ``RequestError``) with calls of
     ``steps`` steps, each with the call its requests make (:func:`warmup_batch`; sizes of one batch shape in one
     library call); the library's report (a :class:`CombinedWarmupReport` of them for several shapes). Call it on the
     worker thread."""
-    groups: dict[int | None, tuple[Batch, list[tuple[int, int]]]] = {}
+    groups: dict[int | None, tuple[Batch, list[Size]]] = {}
     for size in sizes:
         batch = warmup_batch(planner, size, shapes, adapter)
         groups.setdefault(batch.rows, (batch, []))[1].append(size)

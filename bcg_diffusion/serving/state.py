@@ -1,6 +1,6 @@
 """What a running server is: :class:`ServerState`, made once by the start-up (:func:`~.server_build.build_server`)
-and read by the routes (:mod:`.http.app`, :mod:`.http.routes`), the same in the one process and in every Ray Serve replica.
-:meth:`ServerState.submit` is the one way of a request's job to the pipeline."""
+and read by the routes (:mod:`.http.app`, :mod:`.http.routes`), the same in the one process and in every Ray Serve
+replica. :meth:`ServerState.submit` is the one way of a request's job to the pipeline."""
 
 from __future__ import annotations
 

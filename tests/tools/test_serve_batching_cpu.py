@@ -24,6 +24,7 @@ from bcg_diffusion.serving.calls import Batch, row_seeds
 from bcg_diffusion.serving.faults import InjectedFailure
 from bcg_diffusion.serving.http.png import encode_png_b64, pixel_hash
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
+from bcg_diffusion.toolkit.sizes import Size  # noqa: E402
 from bcg_diffusion.serving.requests import GenerationJob, ImageRequest, RequestLimits, RequestPlanner
 from bcg_diffusion.serving.load.spawn import spawned_servers
 
@@ -51,7 +52,8 @@ def planners():
         pipe = pipelines.build_pipeline(family, size="tiny", device="cpu")
         pipe.set_progress_bar_config(disable=True)
         limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=ROWS)
-        out[family] = RequestPlanner(pipe, spec, "tiny", limits, ModelCatalog(spec.name), 64, 64, 2, resolution_binning=False)
+        out[family] = RequestPlanner(pipe, spec, "tiny", limits, ModelCatalog(spec.name), Size(64, 64), 2,
+                                     resolution_binning=False)
     return out
 
 
@@ -141,7 +143,7 @@ def test_the_warmup_runs_batched_sizes_at_their_batch_shape(planners, monkeypatc
     shapes = BatchShapes(planner.pipe, BatchPolicy(max_batch=ROWS, work_limit=64 * 64 * 10_000), 16)
     shapes.hidden = 1  # work = latent tokens: 64x64 (16 tokens) is batched, 256x256 (256 tokens) is not
     shapes.policy = BatchPolicy(max_batch=ROWS, work_limit=100)
-    report = run_warmup(runner_of(planner), planner, [(64, 64), (256, 256)], shapes)
+    report = run_warmup(runner_of(planner), planner, [Size(64, 64), Size(256, 256)], shapes)
     (batched_shapes, batched), (alone_shapes, alone) = seen
     assert batched_shapes == [dict(height=64, width=64)] and batched["prompt"] == [batched["prompt"][0]] * ROWS
     assert batched["num_images_per_prompt"] == 1
@@ -152,26 +154,27 @@ def test_the_warmup_runs_batched_sizes_at_their_batch_shape(planners, monkeypatc
 def test_the_work_rule(planners):
     flux, pixart = planners["flux"], planners["pixart"]
     shapes = BatchShapes(pixart.pipe, BatchPolicy(max_batch=ROWS, work_limit=10**12), 16)
-    call = pixart.default_job(64, 64).call
+    call = pixart.default_job(Size(64, 64)).call
     assert shapes.cfg_rows(call) == 2  # PixArt's default guidance runs CFG
     hidden = shapes.hidden
-    assert shapes.work(64, 64, call) == 16 * hidden * 2
-    assert BatchShapes(flux.pipe, BatchPolicy(max_batch=ROWS), 16).cfg_rows(flux.default_job(64, 64).call) == 1
+    assert shapes.work(Size(64, 64), call) == 16 * hidden * 2
+    assert BatchShapes(flux.pipe, BatchPolicy(max_batch=ROWS), 16).cfg_rows(flux.default_job(Size(64, 64)).call) == 1
     tight = BatchShapes(pixart.pipe, BatchPolicy(max_batch=ROWS, work_limit=16 * hidden * 2), 16)
-    assert tight.rows(64, 64, call) == ROWS and tight.rows(64, 80, call) == 1
-    assert "NOT batched: compute-bound" in tight.describe(64, 80, call) and "batched, 4 rows" in tight.describe(64, 64, call)
+    assert tight.rows(Size(64, 64), call) == ROWS and tight.rows(Size(64, 80), call) == 1
+    assert "NOT batched: compute-bound" in tight.describe(Size(64, 80), call) and "batched, 4 rows" in tight.describe(Size(64, 64), call)
     off = BatchShapes(pixart.pipe, BatchPolicy(max_batch=1), 16)
-    assert off.rows(64, 64, call) == 1
-    assert BatchShapes(pixart.pipe, BatchPolicy(max_batch=ROWS, work_limit=0), 16).rows(4096, 4096, call) == ROWS
+    assert off.rows(Size(64, 64), call) == 1
+    assert BatchShapes(pixart.pipe, BatchPolicy(max_batch=ROWS, work_limit=0), 16).rows(Size(4096, 4096), call) == ROWS
 
 
 # -------------------------------------------------------------------------------------------------------
 # in-process: the batcher (a stand-in for the pipeline)
 # -------------------------------------------------------------------------------------------------------
 def _fake_job(size: str, n: int = 1, steps: int = 2, adapter=None) -> GenerationJob:
-    width, height = map(int, size.split("x"))
-    call = {"prompt": "p", "height": height, "width": width, "num_inference_steps": steps, "num_images_per_prompt": n}
-    return GenerationJob("p", width, height, n, steps, 0, None, None, call, adapter=adapter)
+    wxh = Size.parse(size)
+    call = {"prompt": "p", "height": wxh.height, "width": wxh.width, "num_inference_steps": steps,
+            "num_images_per_prompt": n}
+    return GenerationJob("p", wxh, n, steps, 0, None, None, call, adapter=adapter)
 
 
 class _Recorder:

@@ -35,6 +35,7 @@ import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.serving.granularity import derive_granularity  # noqa: E402
 from bcg_diffusion.serving.http.png import PNG_MAGIC  # noqa: E402
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
+from bcg_diffusion.toolkit.sizes import Size  # noqa: E402
 from bcg_diffusion.serving.requests import RequestLimits, RequestPlanner  # noqa: E402
 from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready  # noqa: E402
 from bcg_diffusion.serving.runner import CallRunner  # noqa: E402
@@ -333,13 +334,14 @@ def tiny_pipes():
 def _planner(pipes, family: str, binning: bool = True) -> RequestPlanner:
     spec = pipelines.get_family(family)
     limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=4)
-    return RequestPlanner(pipes[family], spec, "tiny", limits, ModelCatalog(spec.name), 64, 64, 2, resolution_binning=binning)
+    return RequestPlanner(pipes[family], spec, "tiny", limits, ModelCatalog(spec.name), Size(64, 64), 2,
+                          resolution_binning=binning)
 
 
 def test_no_resolution_binning_reaches_the_pixart_call(tiny_pipes):
-    assert _planner(tiny_pipes, "pixart", binning=False).default_job(64, 80).call["use_resolution_binning"] is False
-    assert "use_resolution_binning" not in _planner(tiny_pipes, "pixart", binning=True).default_job(64, 80).call
-    call = _planner(tiny_pipes, "flux", binning=False).default_job(64, 80).call
+    assert _planner(tiny_pipes, "pixart", binning=False).default_job(Size(64, 80)).call["use_resolution_binning"] is False
+    assert "use_resolution_binning" not in _planner(tiny_pipes, "pixart", binning=True).default_job(Size(64, 80)).call
+    call = _planner(tiny_pipes, "flux", binning=False).default_job(Size(64, 80)).call
     assert "use_resolution_binning" not in call and (call["height"], call["width"]) == (80, 64)
 
 
@@ -352,7 +354,7 @@ def test_warmup_calls_the_library_with_the_request_settings(monkeypatch, tiny_pi
     seen = []
     monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: seen.append((pipe, shapes, call))
                         or SimpleNamespace(total_s=0.0, captures=0), raising=False)
-    run_warmup(_runner(planner), planner, [(64, 64), (80, 64)])
+    run_warmup(_runner(planner), planner, [Size(64, 64), Size(80, 64)])
     ((pipe, shapes, call),) = seen
     assert pipe is planner.pipe and shapes == [dict(height=64, width=64), dict(height=64, width=80)]
     assert call["num_images_per_prompt"] == 1 and call["guidance_scale"] == 3.5 and call["prompt"]
@@ -403,8 +405,8 @@ def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(tmp_path):
     plan = read_plan(parser.parse_args(["--model", str(tmp_path), "--device", "cpu", "--dtype", "fp32"]), parser)
     pipe, spec = build_pipeline(plan)
     planner = make_planner(pipe, spec, plan, pixel_granularity(pipe, spec.spatial_multiple))
-    assert spec.name == "flux" and planner.size == "full"
-    assert (planner.default_width, planner.default_height, planner.default_steps) == (1024, 1024, 28)
+    assert spec.name == "flux" and planner.model_size == "full"
+    assert (planner.default_size, planner.default_steps) == (Size(1024, 1024), 28)
     assert planner.limits.granularity == 16
 
 
@@ -450,3 +452,18 @@ def test_a_server_that_exits_at_start_is_reported_with_its_exit_code(tmp_path):
             wait_ready([spawned], START_TIMEOUT_S)
     finally:
         stop_server(spawned)
+
+
+def test_one_size_reads_every_wxh_strictly_where_the_api_asks_and_as_written_for_generate():
+    import argparse
+
+    from bcg_diffusion.toolkit.sizes import parse_sizes, sizes_argument
+
+    assert Size.parse("80x64") == Size(80, 64) and str(Size.parse("80x64")) == "80x64" and Size(80, 64).pixels == 5120
+    for text in ("064x64", " 64x64", "64X64", "64x64x9", "1000000x64", "+64x64", "64"):
+        with pytest.raises(ValueError, match="is not WIDTHxHEIGHT"):
+            Size.parse(text)
+    assert parse_sizes(" 512x512,064x64x9") == [Size(512, 512), Size(64, 64, 9)]  # bcg-generate's --warmup
+    assert sizes_argument("64x64, 64x80") == "64x64,64x80"  # the soak's and the benchmarks' size options
+    with pytest.raises(argparse.ArgumentTypeError, match="'64by64'"):
+        sizes_argument("64x64,64by64")

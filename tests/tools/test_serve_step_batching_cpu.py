@@ -30,6 +30,7 @@ from bcg_diffusion.serving.replicas.state import (
     check_server_args,
     parse_server_args,
 )
+from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.requests import ImageRequest, RequestLimits, RequestPlanner
 from bcg_diffusion.serving.batching.step_batching import StepBatcher
@@ -52,7 +53,8 @@ def planner():
     pipe = pipelines.build_pipeline("pixart", size="tiny", device="cpu", seed=0)
     pipe.set_progress_bar_config(disable=True)
     limits = RequestLimits(granularity=spec.spatial_multiple, max_pixels=2**20, max_steps=50, max_n=ROWS)
-    return RequestPlanner(pipe, spec, "tiny", limits, ModelCatalog(spec.name), 64, 64, 2, resolution_binning=False)
+    return RequestPlanner(pipe, spec, "tiny", limits, ModelCatalog(spec.name), Size(64, 64), 2,
+                          resolution_binning=False)
 
 
 @pytest.fixture
@@ -77,7 +79,7 @@ def hashes(future) -> list[str]:
 
 
 def test_the_step_batcher_answers_each_request_as_alone_and_confines_a_failure(planner, batcher):
-    report = batcher.warm(planner, [(64, 64)])
+    report = batcher.warm(planner, [Size(64, 64)])
     assert report.sizes == ["64x64"] and report.captures == 0 and batcher.runner.counters.pipeline_calls == 0
     jobs = [job(planner, "a red fox", 1), job(planner, "a lighthouse", 2, "64x128"), job(planner, "boom", 3),
             job(planner, "ramen", 4, steps=5), job(planner, "a red fox", 5), job(planner, "a boat", 6, "64x128")]

@@ -36,6 +36,7 @@ from bcg_diffusion.serving.replicas.state import (
 )
 from bcg_diffusion.serving.server_build import CACHED_UNBATCHED
 from bcg_diffusion.serving.startup_warmup import WARMUP_STEPS, plan_warmup
+from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack import compiled_graphs
 from bcg_diffusion.toolkit.stack_options import StackOptions
 
@@ -137,7 +138,7 @@ def test_bogus_quant_and_cache_exit_2_from_both_commands_with_one_message(words,
 def test_the_warmup_plan_follows_the_stack():
     from bcg_diffusion.toolkit.cache_spec import CacheSpec
 
-    sizes, default = ((512, 512), (512, 768)), (1024, 1024)
+    sizes, default = (Size(512, 512), Size(512, 768)), Size(1024, 1024)
     plain = plan_warmup(sizes, default, 28, StackOptions())
     assert (plain.sizes, plain.steps, plain.notes) == (sizes, WARMUP_STEPS, ())
     assert plan_warmup((), default, 28, StackOptions(quant="fp8")).sizes == ()  # nothing that compiles or caches

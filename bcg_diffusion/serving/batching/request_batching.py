@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.sizes import Size
 from bcg_pipelines.calls import BATCH_KWARGS
 
 from ..calls import Batch
@@ -118,35 +119,34 @@ class BatchShapes:
         probe = {**call, "negative_prompt": "-"}
         return 1 if "negative_prompt" in pipelines.ignored_call_fields(self.pipe, probe) else 2
 
-    def work(self, width: int, height: int, call: dict[str, Any]) -> int | None:
+    def work(self, size: Size, call: dict[str, Any]) -> int | None:
         """Latent tokens x hidden size x CFG rows of one row; ``None`` where the hidden size is unknown."""
         if self.hidden is None:
             return None
-        tokens = (width // self.granularity) * (height // self.granularity)
+        tokens = (size.width // self.granularity) * (size.height // self.granularity)
         return tokens * self.hidden * self.cfg_rows(call)
 
-    def pays(self, width: int, height: int, call: dict[str, Any]) -> bool:
-        work = self.work(width, height, call)
+    def pays(self, size: Size, call: dict[str, Any]) -> bool:
+        work = self.work(size, call)
         return self.policy.work_limit == 0 or work is None or work <= self.policy.work_limit
 
-    def rows(self, width: int, height: int, call: dict[str, Any]) -> int:
-        if not self.policy.enabled or not self.pays(width, height, call):
+    def rows(self, size: Size, call: dict[str, Any]) -> int:
+        if not self.policy.enabled or not self.pays(size, call):
             return 1
         return self.policy.max_batch
 
     def rows_of(self, job: GenerationJob) -> int:
-        return self.rows(job.width, job.height, job.call)
+        return self.rows(job.size, job.call)
 
-    def describe(self, width: int, height: int, call: dict[str, Any]) -> str:
+    def describe(self, size: Size, call: dict[str, Any]) -> str:
         """One start-up line: whether this size is batched, and why."""
-        work = self.work(width, height, call)
-        size = f"{width}x{height}"
+        work = self.work(size, call)
         if work is None:
             return (f"{size}: batched, {self.policy.max_batch} rows per call (the transformer's hidden size is "
                     "unknown, so --batch-work-limit cannot judge it)")
         what = (f"latent tokens x hidden x CFG rows = {work:,}" + ("" if self.policy.work_limit == 0 else
                                                                    f", limit {self.policy.work_limit:,}"))
-        if self.pays(width, height, call):
+        if self.pays(size, call):
             return f"{size}: batched, {self.policy.max_batch} rows per call ({what})"
         return (f"{size}: NOT batched: compute-bound at one row ({what}), so a batch would take about as long as "
                 "its requests one after the other; these requests run alone (raise --batch-work-limit, or 0, to "

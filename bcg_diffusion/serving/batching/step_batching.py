@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from bcg_diffusion.toolkit.sizes import Size
+
 from ..calls import GenerationResult
 from ..faults import fault_for
 from ..requests import GenerationJob, RequestPlanner
@@ -114,8 +116,7 @@ class StepBatcher:
             logger.warning("step batching: the worker did not come back within %.0f s", timeout)
         self.scheduler.close("the server is stopping")
 
-    def warm(self, planner: RequestPlanner, sizes: list[tuple[int, int]], adapter: str | None = None
-             ) -> StepWarmupReport:
+    def warm(self, planner: RequestPlanner, sizes: list[Size], adapter: str | None = None) -> StepWarmupReport:
         """Run one ``WARMUP_STEPS``-step request per size (for ``adapter``; ``None``: the base model) through the
         scheduler (all at once, as they would run) and wait for them; sizes that are not step-batched are the
         caller's."""
@@ -123,14 +124,14 @@ class StepBatcher:
         before = self._captures()
         started = time.perf_counter()
         futures = []
-        for width, height in sizes:
-            job = planner.default_job(width, height, model=adapter)
+        for size in sizes:
+            job = planner.default_job(size, model=adapter)
             job = dataclasses.replace(job, steps=WARMUP_STEPS, call={**job.call, "num_inference_steps": WARMUP_STEPS})
             futures.append(self.submit(job, counted=False))
         for future in futures:
             future.result()
         self.runner.refresh_stats()
-        return StepWarmupReport([f"{w}x{h}" for w, h in sizes], time.perf_counter() - started,
+        return StepWarmupReport([str(size) for size in sizes], time.perf_counter() - started,
                                 self._captures() - before)
 
     # -- the worker's side ------------------------------------------------------------------------------------

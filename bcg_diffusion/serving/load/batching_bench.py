@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bcg_diffusion.toolkit.numbers import finite_float
+from bcg_diffusion.toolkit.sizes import sizes_argument
 
 from ..serve_defaults import DEFAULT_WINDOW_MS
 from .mix import DEFAULT_PROMPTS, MixSpec, build_mix
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", default="pixart,flux", help="pixart (the targets), flux (the gain); default both")
     p.add_argument("--size", choices=("tiny", "full"), default="full", help="model size (default: full)")
     p.add_argument("--device", default="cuda", help="the servers' --device (default: cuda)")
-    p.add_argument("--image-size", default="512x512", help="the requests' size, also warmed (default: 512x512)")
+    p.add_argument("--image-size", type=sizes_argument, default="512x512",
+                   help="the requests' size, also warmed (default: 512x512)")
     p.add_argument("--steps", type=int, default=20, help="PixArt steps per request (default: 20)")
     p.add_argument("--flux-steps", type=int, default=8, help="Flux steps per request (default: 8)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,

@@ -43,6 +43,7 @@ from typing import Any
 from bcg_diffusion.toolkit.files import why_not_writable, write_text_atomically
 from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.options import command_name
+from bcg_diffusion.toolkit.sizes import Size
 
 from .mix import DEFAULT_PROMPTS, DEFAULT_SIZES, MixSpec, build_mix  # stdlib only
 
@@ -200,15 +201,12 @@ def check_numbers(args, parser: argparse.ArgumentParser) -> None:
 
 def check_mix_texts(args, parser: argparse.ArgumentParser) -> None:
     """``--sizes`` written as sizes and ``--prompts`` holding no empty prompt: ``parser.error`` otherwise."""
-    from ..errors import RequestError  # pydantic and the pipelines: not for --help
-    from ..requests import parse_size
-
     args.sizes = ",".join(size.strip() for size in args.sizes.split(","))
     for size in args.sizes.split(","):
         try:
-            parse_size(size, param="--sizes")
-        except RequestError as exc:
-            parser.error(exc.message)
+            Size.parse(size, "--sizes")
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.prompts is not None:
         prompts = args.prompts.split("|")
         if not any(text.strip() for text in prompts):
@@ -224,14 +222,13 @@ def mix_problem(stats: dict[str, Any], sizes: list[str]) -> str | None:
     pixel granularity or above its largest side, more pixels than its ``--max-pixels``."""
     server = stats.get("server", {})
     granularity, max_pixels, max_side = (server.get(k) for k in ("granularity", "max_pixels", "max_side"))
-    for size in sizes:
-        width, height = (int(v) for v in size.split("x"))
-        if granularity and (width % granularity or height % granularity):
+    for size in map(Size.parse, sizes):
+        if granularity and (size.width % granularity or size.height % granularity):
             return f"--sizes {size}: the server takes multiples of {granularity} px (its model's VAE scale x patch size)"
-        if max_side and max(width, height) > max_side:
+        if max_side and max(size.width, size.height) > max_side:
             return f"--sizes {size}: the server's model runs at most {max_side} px per side"
-        if max_pixels and width * height > max_pixels:
-            return f"--sizes {size}: {width * height} pixels, above the server's --max-pixels {max_pixels}"
+        if max_pixels and size.pixels > max_pixels:
+            return f"--sizes {size}: {size.pixels} pixels, above the server's --max-pixels {max_pixels}"
     return None
 
 

@@ -21,7 +21,6 @@ request by its timeout; only ``http://127.0.0.1:PORT`` is accepted.
 
 from __future__ import annotations
 
-from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import contextlib
 import dataclasses
@@ -37,6 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
+
+from bcg_diffusion.toolkit.numbers import finite_float
+from bcg_diffusion.toolkit.sizes import sizes_argument
 
 from ..http.png import pixel_hash
 from .mix import DEFAULT_PROMPTS, identity
@@ -563,7 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--phases", type=int, default=5, help="phases, each followed by a memory checkpoint; the first is "
                    "the warm-up (default: 5)")
     g = p.add_argument_group("request mix")
-    g.add_argument("--sizes", default="64x64,64x80", help="sizes WxH of the image requests (default: 64x64,64x80)")
+    g.add_argument("--sizes", type=sizes_argument, default="64x64,64x80",
+                   help="sizes WxH of the image requests (default: 64x64,64x80)")
     g.add_argument("--ns", default="1,2", help="values of n (default: 1,2)")
     g.add_argument("--adapters", type=int, default=2, help="with --spawn: random LoRA adapters made and served "
                    "(default: 2); with --url the server's own, from /v1/models")

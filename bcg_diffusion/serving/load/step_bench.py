@@ -31,7 +31,6 @@ A CPU rehearsal (tiny model, seconds; the ratios mean nothing there): ``--size t
 
 from __future__ import annotations
 
-from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import json
 import math
@@ -39,6 +38,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bcg_diffusion.toolkit.numbers import finite_float
+from bcg_diffusion.toolkit.sizes import sizes_argument
 
 from .mix import DEFAULT_PROMPTS, MixSpec, build_mix
 
@@ -58,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", default=",".join(ALL_SCENARIOS), help=f"default: {','.join(ALL_SCENARIOS)}")
     p.add_argument("--size", choices=("tiny", "full"), default="full", help="model size (default: full)")
     p.add_argument("--device", default="cuda", help="the servers' --device (default: cuda)")
-    p.add_argument("--sizes-mixed", default="256x256,384x384", help="the mixed scenarios' sizes")
-    p.add_argument("--size-small", default="256x256", help="s256's size")
-    p.add_argument("--size-large", default="512x512", help="s512's size")
+    p.add_argument("--sizes-mixed", type=sizes_argument, default="256x256,384x384", help="the mixed scenarios' sizes")
+    p.add_argument("--size-small", type=sizes_argument, default="256x256", help="s256's size")
+    p.add_argument("--size-large", type=sizes_argument, default="512x512", help="s512's size")
     p.add_argument("--steps", type=int, default=20, help="steps per request (default: 20)")
     p.add_argument("--max-batch", type=int, default=8, help="the step server's --max-batch (default: 8)")
     p.add_argument("--step-policy", default="round_robin", help="the step server's --step-policy")
