@@ -70,6 +70,8 @@ def test_streamed_pipeline_replays_bitwise_and_streams_each_block_once_per_call(
     assert torch.equal(run(streamed, family), run(twin, family))
 
 
+@pytest.mark.survives_sabotage("fallback", "skip_segment", "stale_inputs",
+                               reason="streams with acceleration off: no graph is captured or replayed")
 def test_eager_streaming_on_cuda_is_bitwise():
     family = "pixart"
     twin, streamed = _pipe(family), _pipe(family)
@@ -81,8 +83,9 @@ def test_eager_streaming_on_cuda_is_bitwise():
 
 
 def test_a_step_cache_skipping_blocks_replays_bitwise_under_streaming():
-    """FirstBlockCache as test_step_caches_gpu.py runs it (its premise: mixed decisions); the blocks it skips are
-    not loaded."""
+    """FirstBlockCache as test_step_caches_gpu.py runs it (its premise: mixed decisions): bitwise and replaying; a
+    skipped block may have been prefetched (a wasted copy, never a wrong one), so each call streams at most every
+    block once and nothing is loaded on demand."""
     from bcg_diffusion.step_caches import count_cache_passes
 
     family, steps, cache = "flux", 6, "fbc:0.5"
@@ -98,7 +101,8 @@ def test_a_step_cache_skipping_blocks_replays_bitwise_under_streaming():
     assert torch.equal(run(streamed, family, steps=steps), want)
     assert_replayed(streamed, calls, before, child_warmups=True)
     offload = bcg.get_stats(streamed).offload
-    assert offload.bytes_streamed - loaded < calls * offload.host_bytes, str(offload)  # skipped blocks not loaded
+    assert offload.bytes_streamed - loaded <= calls * offload.host_bytes, str(offload)  # at most one pass a call
+    assert offload.sync_loads == 0, str(offload)  # the prediction followed the real order
     bcg.remove_acceleration(streamed)
 
 
@@ -137,6 +141,8 @@ def test_torchao_int8_weights_stream_and_replay():
     bcg.remove_acceleration(streamed)
 
 
+@pytest.mark.survives_sabotage("fallback", "skip_segment", "stale_inputs",
+                               reason="checks a refusal before the first call: no call runs")
 def test_a_memory_cap_too_small_for_the_slots_is_refused_before_anything_moves():
     pipe = _pipe("flux")
     transformer = pipe.transformer

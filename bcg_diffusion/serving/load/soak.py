@@ -57,6 +57,10 @@ SHARES = {"image": 0.815, "bad": 0.07, "disconnect": 0.04, "slow_body": 0.03, "f
 KINDS = tuple(SHARES)
 IMAGE_KINDS = ("image", "slow_body", "fault_slow")  # answered with images (disconnect: never read)
 MAX_TIME_LIMIT_S = 600.0
+#: What a failing injected fault may be answered with (see :func:`build_requests`).
+FAULT_STATUSES = (500, 503)
+#: The share of the time limit kept for sending each distinct image alone after the load (at most 60 s).
+ALONE_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,9 @@ def build_requests(mix: SoakMix, count: int) -> list[SoakRequest]:
             body.pop("model", None)
             if fault != "slow":  # a failing call fails every request it carries: keep the faults to themselves
                 body["num_inference_steps"] = mix.fault_steps
-        expect = {"disconnect": (), "fault_error": (500,), "fault_oom": (503,)}.get(kind, (200,))
+        # The failing faults share pipeline calls with each other (the same steps, never an image's): a batched call
+        # that fails answers every request it carries with its first fault, an error (500) or an out-of-memory (503).
+        expect = {"disconnect": (), "fault_error": FAULT_STATUSES, "fault_oom": FAULT_STATUSES}.get(kind, (200,))
         out.append(SoakRequest(index, kind, body, expect))
     return out
 
@@ -435,14 +441,16 @@ def run_soak(url: str, pid: int | None, requests: list[SoakRequest], options: So
     each distinct image request alone; the server's ``/stats`` at the start and the end."""
     url = check_loopback(url)
     run, start = SoakRun(stats_start=get_stats(url)), time.perf_counter()
-    deadline = time.monotonic() + min(options.time_limit_s, MAX_TIME_LIMIT_S)
+    limit = min(options.time_limit_s, MAX_TIME_LIMIT_S)
+    deadline = time.monotonic() + limit  # the alone checks end by it; the load by alone_reserve before it
+    load_deadline = deadline - min(ALONE_SHARE * limit, 60.0)
     run.checkpoints.append(checkpoint(url, pid, 0, options.request_timeout_s))
     sampler = _Sampler(url, pid, options.poll_s)
     sampler.start()
     try:
         size = -(-len(requests) // options.phases)
         for first in range(0, len(requests), size):
-            outcomes, skipped = run_phase(url, requests[first:first + size], options, deadline)
+            outcomes, skipped = run_phase(url, requests[first:first + size], options, load_deadline)
             run.outcomes += outcomes
             run.not_sent += skipped
             run.checkpoints.append(checkpoint(url, pid, first + len(outcomes), options.request_timeout_s))
