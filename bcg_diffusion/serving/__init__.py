@@ -7,9 +7,9 @@ A request's way: body -> :class:`~.requests.GenerationJob` (:mod:`.requests`) ->
 
 Modules, one job each:
 
-- :mod:`.serve_command`: the command's entry (one process, or ``--replicas``); :mod:`.server` its options and the
-  one-process start; :mod:`.serve_defaults` the names and defaults its parser shows without heavy imports;
-  :mod:`.server_plan` the command line read once into a plan; :mod:`.server_build` the server
+- :mod:`.serve_command`: the command's entry (one process, or ``--replicas``); :mod:`.command_line` its options;
+  :mod:`.serve_defaults` the names and defaults its parser shows without heavy imports; :mod:`.server` the
+  one-process start; :mod:`.server_plan` the command line read once into a plan; :mod:`.server_build` the server
   assembled once from the plan (build, speed stack, adapters, BCG, planner, batching, warm-up).
 - :mod:`.catalog`: the served model ids (base model and adapters).
 - :mod:`.requests`: the request body (pydantic), its validation and the job it becomes; :mod:`.errors` the errors a

@@ -10,7 +10,8 @@ import importlib.util
 
 from bcg_diffusion.toolkit.options import command_name
 
-__all__ = ["DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "SERVE_EXTRA_MODULES", "missing_serve_extra", "prog"]
+__all__ = ["DEFAULT_TARGET_ONGOING_REQUESTS", "DEFAULT_WINDOW_MS", "DEFAULT_WORK_LIMIT", "SERVE_EXTRA_MODULES",
+           "missing_serve_extra", "prog"]
 
 #: ``--batch-window-ms``: the longest the oldest waiting request waits for others to join its batch (a batch
 #: closes earlier once full or once the previous call's clients are back: :class:`.batching.RequestBatcher`). It must
@@ -26,6 +27,8 @@ DEFAULT_WINDOW_MS = 500.0
 #: request paying 5.9x), and Flux.1 512 px at most 1.15x (3.54 s against 8 x 0.51 s); both sizes are above
 #: this limit. Smaller sizes were not measured: they are batched by default.
 DEFAULT_WORK_LIMIT = 1 << 21
+#: ``--target-ongoing-requests``: Ray Serve's own default of the autoscaler's target (ongoing requests per replica).
+DEFAULT_TARGET_ONGOING_REQUESTS = 2.0
 #: The modules of the serve extra (``pip install -e ".[serve]"``).
 SERVE_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx")
 

@@ -1,4 +1,5 @@
-"""Serve one diffusers DiT pipeline over HTTP with the OpenAI images API, eagerly or with BCG.
+"""Serve one diffusers DiT pipeline over HTTP with the OpenAI images API, eagerly or with BCG: the one-process
+start (its options: :mod:`.command_line`).
 
 ``POST /v1/images/generations`` (``prompt``, ``n``, ``size`` "WxH", ``response_format`` "b64_json", plus
 ``num_inference_steps``, ``guidance_scale``, ``seed``, ``negative_prompt``) answers
@@ -17,109 +18,14 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
+from .http.listen import LISTENING_PREFIX  # uvicorn only once serving
+from .serve_defaults import prog
 
-from bcg_diffusion.toolkit.choices import MAX_BATCH, MAX_STEPS
-from bcg_diffusion.toolkit.numbers import finite_float
-from bcg_diffusion.toolkit.offload_option import DEFAULT_SLOTS, OFFLOAD_HELP
-from bcg_diffusion.toolkit.options import add_model_options, quiet_known_messages
-from bcg_diffusion.toolkit.stack_options import add_stack_options
-
-from .adapters.options import add_lora_options  # light: the adapters are imported where they are loaded
-from .batching.stepping.config import POLICIES  # no diffusers: --help stays light
-from .http.listen import API_KEY_VARIABLE, LISTENING_PREFIX  # uvicorn only once serving
-from .replicas.options import add_replica_arguments  # no Ray
-from .serve_defaults import DEFAULT_WINDOW_MS, DEFAULT_WORK_LIMIT, missing_serve_extra, prog
-
-#: Set when the serve extra is missing (what to install); the parser still answers --help without it.
-MISSING_SERVE_EXTRA: str | None = missing_serve_extra()
-
-logger = logging.getLogger("serve")
-
-DEFAULT_MODEL = "flux"
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
-DEFAULT_MAX_PIXELS = 2048 * 1024
-DEFAULT_MAX_STEPS = MAX_STEPS  # as bcg-generate's --steps
-DEFAULT_MAX_N = 4
-DEFAULT_MAX_QUEUE = 64
-#: --max-batch: off by default (a lone request would pay for a full batch, and batched images differ from unbatched
-#: ones: another batch shape); docs/serving.md#batching says when to turn it on.
-DEFAULT_MAX_BATCH = 1
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog(),
-        description="Serve one diffusers DiT pipeline with the OpenAI images API (POST /v1/images/generations), "
-        "eagerly or with breakable CUDA graphs. GET /stats and GET /health. See docs/serving.md.",
-    )
-    add_model_options(p, DEFAULT_MODEL, which="; image families only")
-    g = p.add_argument_group("speed")
-    g.add_argument("--bcg", action="store_true", help="replay each denoising step as breakable CUDA graphs")
-    add_stack_options(g)  # --quant, --cache, --compile, --compile-cache, --attention-backend: as bcg-generate's
-    g.add_argument("--offload", type=int, nargs="?", const=DEFAULT_SLOTS, default=None, metavar="K", help=OFFLOAD_HELP)
-    g.add_argument("--warmup", default=None, metavar="WxH[,WxH...]",
-                   help="sizes to run once before listening, e.g. 512x512,1024x1024 (bcg_diffusion.warmup where it "
-                   "exists, else one 2-step call per size; with --cache, calls of the default step count, so that the "
-                   "cached steps' paths are warmed too). With --compile or --cache and no --warmup, the default size "
-                   "is warmed")
-    g = p.add_argument_group("requests")
-    g.add_argument("--default-size", default=None, metavar="WxH",
-                   help="size of a request without one (default: the family's for --size; 1024x1024 for a checkpoint)")
-    g.add_argument("--steps", type=int, default=None,
-                   help="num_inference_steps of a request without one (default: the family's)")
-    g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                   help=f"largest width x height a request may ask for (default: {DEFAULT_MAX_PIXELS})")
-    g.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
-                   help=f"largest num_inference_steps (default: {DEFAULT_MAX_STEPS})")
-    g.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"largest n (default: {DEFAULT_MAX_N})")
-    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                   help=f"requests waiting or running at once; more get a 503 (default: {DEFAULT_MAX_QUEUE})")
-    g.add_argument("--served-model-name", default=None, metavar="ID",
-                   help="the base model's id in GET /v1/models and in a request's model field (default: --model as "
-                   "given); a request without model, or with this id, gets the base model; any other unknown id a 404")
-    g.add_argument("--no-resolution-binning", action="store_true",
-                   help="pass use_resolution_binning=False wherever the pipeline takes it (PixArt, Sana): the "
-                   "transformer then runs the size asked for, not the nearest aspect-ratio bin")
-    g = p.add_argument_group("batching (docs/serving.md#batching)")
-    g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="ROWS",
-                   help="run requests that can share a pipeline call (same size, steps, guidance, adapter, ...) as one "
-                   "call of exactly ROWS images (filler rows pad it, so an image never depends on its batch); "
-                   f"1: no batching, one call per request (default: {DEFAULT_MAX_BATCH}; at most {MAX_BATCH})")
-    g.add_argument("--batch-window-ms", type=finite_float, default=DEFAULT_WINDOW_MS, metavar="MS",
-                   help="the longest a request waits for others to join its batch; a batch runs earlier once full or "
-                   f"once every client of the previous call is back (default: {DEFAULT_WINDOW_MS:g})")
-    g.add_argument("--batch-work-limit", type=int, default=DEFAULT_WORK_LIMIT, metavar="N",
-                   help="sizes whose latent tokens x hidden size x CFG rows is above N are compute-bound and run "
-                   f"unbatched (default: {DEFAULT_WORK_LIMIT}; 0: batch every size)")
-    g.add_argument("--batching", choices=("request", "step"), default="request",
-                   help="how --max-batch ROWS batches: request (one pipeline call per batch of requests, formed in a "
-                   "window) or step (a running batch of ROWS slots per size: requests join at every denoising step "
-                   "and leave when done; docs/serving.md#step-batching). Default: request")
-    g.add_argument("--step-policy", choices=POLICIES, default=None,
-                   help="--batching step: which size's running batch takes the next step: round_robin (each in "
-                   "turn, the default) or oldest_first (the one holding the oldest request)")
-    add_lora_options(p)
-    g = p.add_argument_group("server")
-    g.add_argument("--host", default=DEFAULT_HOST,
-                   help=f"address to listen on (default: {DEFAULT_HOST}; anything else is reachable from other "
-                   "machines: give it an API key)")
-    g.add_argument("--api-key", default=None, metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on every route but /health (a 401 otherwise; the OpenAI "
-                   f"client sends its api_key so). Default: the environment variable {API_KEY_VARIABLE}, if set; "
-                   "else no key. The variable keeps the key out of the process list")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help=f"port (default: {DEFAULT_PORT}; 0: a free port, printed as '{LISTENING_PREFIX}URL')")
-    g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                   help="log level of the server's own log on stderr (default: info)")
-    add_replica_arguments(p)
-    return p
+__all__ = ["announce", "start"]
 
 
 def announce(url: str) -> None:
+    """The line that says the server accepts connections (what tests and ``bcg-load --spawn`` wait for)."""
     print(f"{LISTENING_PREFIX}{url}", flush=True)
 
 
@@ -140,15 +46,3 @@ def start(args, parser) -> int:
     finally:
         sock.close()
     return 0
-
-
-def configure_logging(level_name: str) -> None:
-    """The server's own log (``serve`` and ``bcg_diffusion.serving``) at ``--log-level`` on stderr; the library's
-    and the pipelines' at WARNING (their INFO lines repeat what the server prints: the build, the warm-up
-    report), unless ``--log-level debug``."""
-    level = getattr(logging, level_name.upper())
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    library = logging.DEBUG if level <= logging.DEBUG else max(level, logging.WARNING)
-    for name in ("bcg_diffusion", "bcg_pipelines"):
-        logging.getLogger(name).setLevel(library)
-    logging.getLogger("bcg_diffusion.serving").setLevel(level)

@@ -19,8 +19,7 @@
 - every package folder is listed in pyproject.toml, every console command and ``scripts/*.py`` launcher calls
   the ``main`` of a tool module;
 - sizes (:data:`SIZE_LIMITED`): no function over :data:`MAX_FUNCTION_LINES` lines and no class over
-  :data:`MAX_CLASS_ATTRIBUTES` attributes in ``integration/`` and ``serving/``, but the known offenders of
-  :data:`SIZE_OFFENDERS` (serving's, until its restructuring empties the list).
+  :data:`MAX_CLASS_ATTRIBUTES` attributes in ``integration/`` and ``serving/`` (none exempt).
 
 :func:`layer_violations` is the checker; the tests at the end run it on small trees with one broken rule each.
 """
@@ -62,18 +61,6 @@ SYS_PATH_WRITE = re.compile("sys" + r"\.path\s*(\.(insert|append|extend)\s*\(|\+
 SIZE_LIMITED = ("bcg_diffusion/integration", "bcg_diffusion/serving")
 MAX_FUNCTION_LINES = 40  # from the ``def`` line to the last line of its body, nested functions included
 MAX_CLASS_ATTRIBUTES = 15  # annotated class-level names (dataclass fields) and ``self.X`` assigned in its methods
-#: Known offenders (``path:qualified name``), exempt until fixed: all in serving/, which is restructured after the
-#: serving work under way lands (issue 45, the server part); that restructuring empties this list. integration/
-#: has none. A new offender fails the layer test, and so does an entry that no longer offends (remove it).
-SIZE_OFFENDERS = frozenset({
-    "bcg_diffusion/serving/load/batching_bench.py:run_family",  # 65 lines
-    "bcg_diffusion/serving/load/report.py:format_report",  # 67 lines
-    "bcg_diffusion/serving/load/run.py:run_load",  # 42 lines
-    "bcg_diffusion/serving/load/command.py:build_parser",  # 61 lines
-    "bcg_diffusion/serving/server.py:build_parser",  # 64 lines
-})
-
-
 @dataclass(frozen=True)
 class Source:
     path: Path  # relative to the root
@@ -420,9 +407,8 @@ def size_offences(root: Path) -> list[tuple[str, str]]:
 
 
 def size_violations(root: Path) -> list[str]:
-    """The oversized functions and classes of :data:`SIZE_LIMITED` that are not known offenders."""
-    return [f"{what}: split it (a known offender of SIZE_OFFENDERS only until its package is restructured)"
-            for key, what in size_offences(root) if key not in SIZE_OFFENDERS]
+    """The oversized functions and classes of :data:`SIZE_LIMITED` (none is exempt)."""
+    return [f"{what}: split it" for _key, what in size_offences(root)]
 
 
 def layer_violations(root: Path = ROOT) -> list[str]:
@@ -451,12 +437,6 @@ def layer_violations(root: Path = ROOT) -> list[str]:
 # -- the tree keeps the rules ------------------------------------------------------------------------------
 def test_the_tree_keeps_the_layer_rules():
     assert layer_violations() == []
-
-
-def test_the_known_size_offenders_still_offend_and_integration_has_none():
-    offences = {key for key, _ in size_offences(ROOT)}
-    assert not SIZE_OFFENDERS - offences, f"no longer oversized: remove from SIZE_OFFENDERS {sorted(SIZE_OFFENDERS - offences)}"
-    assert not [key for key in offences | SIZE_OFFENDERS if key.startswith("bcg_diffusion/integration/")]
 
 
 def test_the_checker_reads_the_whole_tree():

@@ -64,9 +64,9 @@ def test_steps_and_batch_out_of_range_exit_2(capsys, no_build, argv, needle):
 
 
 def test_the_step_limit_is_the_servers():
-    from bcg_diffusion.serving import server
+    from bcg_diffusion.serving import command_line
 
-    assert server.DEFAULT_MAX_STEPS == choices.MAX_STEPS == 100
+    assert command_line.DEFAULT_MAX_STEPS == choices.MAX_STEPS == 100
     assert plan(["--steps", str(choices.MAX_STEPS), "--batch", str(choices.MAX_BATCH)]).call["num_inference_steps"] == 100
 
 

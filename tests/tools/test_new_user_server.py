@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from bcg_diffusion.serving import serve_command
-from bcg_diffusion.serving import server as serve
+from bcg_diffusion.serving.http.listen import API_KEY_VARIABLE
 from bcg_diffusion.serving.http.app import authorized
 from bcg_diffusion.serving.requests import MAX_BODY_BYTES, MAX_JSON_DEPTH, QUALITIES, STYLES
 from bcg_diffusion.serving.load.spawn import start_server, stop_server, wait_ready
@@ -33,15 +33,15 @@ OK = {"prompt": "a red fox in the snow", "size": "64x64", "seed": 1}
 def spawned(tmp_path_factory):
     """A running server whose key comes from the environment variable; yields it (url, log path)."""
     log = tmp_path_factory.mktemp("serve_key") / "server.log"
-    before = os.environ.get(serve.API_KEY_VARIABLE)
-    os.environ[serve.API_KEY_VARIABLE] = KEY
+    before = os.environ.get(API_KEY_VARIABLE)
+    os.environ[API_KEY_VARIABLE] = KEY
     try:
         server = start_server(SERVER_ARGS, log)
     finally:
         if before is None:
-            os.environ.pop(serve.API_KEY_VARIABLE)
+            os.environ.pop(API_KEY_VARIABLE)
         else:
-            os.environ[serve.API_KEY_VARIABLE] = before
+            os.environ[API_KEY_VARIABLE] = before
     try:
         wait_ready([server], START_TIMEOUT_S)
         yield server
@@ -191,17 +191,17 @@ def test_the_log_has_one_warmup_report_and_no_library_noise(spawned, http):
     (["--model", "/no/such/folder"], "no such folder"),
 ])
 def test_serve_refuses_before_building(capsys, no_build, monkeypatch, argv, needle):
-    monkeypatch.delenv(serve.API_KEY_VARIABLE, raising=False)
+    monkeypatch.delenv(API_KEY_VARIABLE, raising=False)
     assert serve_command.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("serve.py: error: ") and needle in err[-1], err[-3:]
 
 
 def test_host_without_a_key_warns_and_with_a_key_does_not(capsys, no_build, monkeypatch):
-    monkeypatch.delenv(serve.API_KEY_VARIABLE, raising=False)
+    monkeypatch.delenv(API_KEY_VARIABLE, raising=False)
     assert serve_command.main(["--host", "0.0.0.0", "--device", "mps"]) == 2  # stops after the warning, before a build
     assert "requires no API key; give it one with --api-key or BCG_API_KEY" in capsys.readouterr().err
-    monkeypatch.setenv(serve.API_KEY_VARIABLE, KEY)
+    monkeypatch.setenv(API_KEY_VARIABLE, KEY)
     assert serve_command.main(["--host", "0.0.0.0", "--device", "mps"]) == 2
     assert "requires no API key" not in capsys.readouterr().err
 
@@ -213,5 +213,5 @@ def test_load_sends_the_key(http, spawned, capsys):
                            "--sizes", "64x64", "--steps", "2"])
     text = capsys.readouterr().out
     assert code == 0, text
-    assert serve.API_KEY_VARIABLE not in os.environ or os.environ[serve.API_KEY_VARIABLE] != KEY
+    assert API_KEY_VARIABLE not in os.environ or os.environ[API_KEY_VARIABLE] != KEY
     assert json.loads(json.dumps(counters(http)))["ok"] >= 1

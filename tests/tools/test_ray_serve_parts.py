@@ -8,12 +8,11 @@ import argparse
 
 import pytest
 
-from bcg_diffusion.serving import serve_command, server, server_build
+from bcg_diffusion.serving import command_line, serve_command, server_build
 from bcg_diffusion.serving.replicas import ray_run
 from bcg_diffusion.serving.replicas.options import (
     ReplicaOptions,
     ReplicaOptionsError,
-    add_replica_arguments,
     replica_options_from_args,
     replica_options_from_mapping,
 )
@@ -29,7 +28,7 @@ TINY = "--model flux --device cpu --steps 2 --warmup 64x64"
 
 def _flags(text: str):
     parser = argparse.ArgumentParser()
-    add_replica_arguments(parser)
+    command_line.add_replica_options(parser)
     return replica_options_from_args(parser.parse_args(text.split()))
 
 
@@ -93,7 +92,7 @@ def test_build_app_describes_the_deployment_and_refuses_bad_args():
     assert deployment.ray_actor_options == {"num_cpus": 1.0, "num_gpus": 0}  # --device cpu: no GPU asked
     config = deployment._deployment_config
     assert (config.autoscaling_config.min_replicas, config.autoscaling_config.max_replicas) == (2, 3)
-    assert config.max_ongoing_requests == server.DEFAULT_MAX_QUEUE
+    assert config.max_ongoing_requests == command_line.DEFAULT_MAX_QUEUE
     options = deployment.init_args[0]
     assert options["model"] == "flux" and options["api_key"] == "k3y" and options["warmup"] == "64x64"
     for bad, needle in [({"server_args": "--model flux --port 9000"}, "--port does not belong in server_args"),
@@ -108,7 +107,7 @@ def test_build_app_describes_the_deployment_and_refuses_bad_args():
 def test_build_app_takes_the_api_key_from_the_environment(monkeypatch):
     from bcg_diffusion.serving.replicas.ray_app import build_app
 
-    monkeypatch.setenv(server.API_KEY_VARIABLE, "from-env")
+    monkeypatch.setenv(command_line.API_KEY_VARIABLE, "from-env")
     assert build_app({"server_args": TINY})._bound_deployment.init_args[0]["api_key"] == "from-env"
 
 

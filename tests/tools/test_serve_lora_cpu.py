@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.integration.fingerprint import WeightsFingerprint  # noqa: E402
-from bcg_diffusion.serving import serve_command, server  # noqa: E402
+from bcg_diffusion.serving import command_line, serve_command  # noqa: E402
 from bcg_diffusion.serving.adapters.bank import AdapterBank, AdapterSpec  # noqa: E402
 from bcg_diffusion.serving.http.app import create_app  # noqa: E402
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
@@ -55,7 +55,7 @@ def _pipe():
 
 
 def _plan(*extra: str) -> ServerPlan:
-    parser = server.build_parser()
+    parser = command_line.build_parser()
     argv = ["--model", BASE, "--device", "cpu", "--steps", "2", "--max-pixels", str(128 * 128), "--max-steps", "8",
             "--max-n", "2", *extra]
     return read_plan(parser.parse_args(argv), parser)

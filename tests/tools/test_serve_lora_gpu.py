@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 
 import bcg_diffusion  # noqa: E402
 import bcg_pipelines as pipelines  # noqa: E402
-from bcg_diffusion.serving import server  # noqa: E402
+from bcg_diffusion.serving import command_line  # noqa: E402
 from bcg_diffusion.serving.server_build import build_server  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
 from bcg_pipelines.lora_files import write_family_lora  # noqa: E402
@@ -39,7 +39,7 @@ MIX = [(None, None, "64x64", 0), ("lora1", None, "64x64", 0), ("lora2", None, "8
 
 
 def _plan(loras, accelerate: bool, adapters: bool) -> ServerPlan:
-    parser = server.build_parser()
+    parser = command_line.build_parser()
     argv = ["--model", "flux", "--device", "cuda", "--dtype", "bf16", "--steps", str(STEPS), "--max-pixels",
             str(128 * 128), "--max-steps", "8", "--max-n", "2", "--warmup", ",".join(f"{w}x{h}" for w, h in SIZES)]
     if adapters:

@@ -25,7 +25,7 @@ from bcg_diffusion.benchmarks.stack.layers import layer_modes
 from bcg_diffusion.cli import args as cli_args
 from bcg_diffusion.cli import generate
 from bcg_diffusion.cli import plan as cli_plan
-from bcg_diffusion.serving import serve_command, server, server_plan
+from bcg_diffusion.serving import command_line, serve_command, server_plan
 from bcg_diffusion.serving.http.app import create_app
 from bcg_diffusion.serving.replicas.state import (
     ServerOptionsError,
@@ -71,7 +71,7 @@ REFUSED = [
 ]
 COMMANDS = {
     "bcg-generate": (cli_args.build_parser, cli_plan.make_plan),
-    "bcg-serve": (server.build_parser, server_plan.read_plan),
+    "bcg-serve": (command_line.build_parser, server_plan.read_plan),
 }
 
 

@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Bounded load test of scripts/serve.py servers on 127.0.0.1 (one, or two side by side).",
         epilog="See docs/serving.md for the PixArt and Flux runs.",
     )
+    for add_group in (add_server_arguments, add_load_arguments, add_mix_arguments, add_check_arguments,
+                      add_spawn_arguments):
+        add_group(p)
+    return p
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("servers (one of)")
     g.add_argument("--url", action="append", default=[], metavar="URL",
                    help="a running server, http://127.0.0.1:PORT; twice for two servers")
@@ -89,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--labels", default=None, metavar="A[,B]",
                    help="names of the servers in the report (default: eager/bcg and the stack, e.g. bcg+fp8+compile, from "
                    "their /stats)")
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load")
     g.add_argument("--requests", type=int, default=200, help="requests per server (default: 200)")
     g.add_argument("--concurrency", type=int, default=4, help="concurrent clients (default: 4)")
@@ -96,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per server after which no new request is sent (default: 600)")
     g.add_argument("--request-timeout", type=finite_float, default=300.0, help="seconds per request (default: 300)")
     add_open_loop_arguments(g)
+
+
+def add_mix_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("request mix")
     g.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
                    help=f"sizes WxH drawn per request (default: {','.join(DEFAULT_SIZES)}; warm the first three)")
@@ -110,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--models", default=None, metavar="A,B,...",
                    help="model ids drawn per request as its 'model' field (the base model's id, adapters: GET "
                    "/v1/models lists them); default: no model field")
+
+
+def add_check_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checks and output")
     g.add_argument("--memory-tolerance", type=finite_float, default=0.05,
                    help="GPU memory allocated at the end may differ from the start by this fraction (default: 0.05)")
@@ -125,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after each server's load, send each distinct request once more, alone, and pass only if its "
                    "images equal the load's (a batching server: an image must not depend on its batch)")
     g.add_argument("--out", type=Path, default=None, help="write the results (and every request's outcome) as JSON")
+
+
+def add_spawn_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spawned servers")
     g.add_argument("--spawn-timeout", type=finite_float, default=900.0,
                    help="seconds for spawned servers to build, warm up and listen (default: 900)")
@@ -132,7 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="together: start every server at once (less wall time); sequential: one server on the "
                    "machine at a time (less memory; default: together)")
     g.add_argument("--spawn-log-dir", type=Path, default=None, help="where the servers' logs go (default: a temp dir)")
-    return p
 
 
 def add_open_loop_arguments(g) -> None:

@@ -30,11 +30,6 @@ def _latencies(values: list[float]) -> dict[str, float | None]:
             "mean": statistics.fmean(values) if values else None, "max": max(values) if values else None}
 
 
-def _allocated(stats: dict[str, Any]) -> int | None:
-    memory = stats.get("gpu_memory") or {}
-    return memory.get("allocated_bytes")
-
-
 def _memory(run: ServerRun, tolerance: float) -> dict[str, Any]:
     start, end = run.stats_start.get("gpu_memory"), run.stats_end.get("gpu_memory")
     if not start or not end:
@@ -325,14 +320,25 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
                   ratios: dict[str, Any] | None = None, header: str = "",
                   throughput: dict[str, Any] | None = None) -> str:
     """The summaries side by side (a ratio column for two servers), per-size p50, the cross-check."""
+    width = max(16, *(len(s["label"]) for s in summaries))
+    lines = [header] if header else []
+    lines += _table(summaries, width, ratios, throughput)
+    lines += _per_size_and_model(summaries, width)
+    for s in summaries:
+        lines += _server_notes(s)
+    lines += _verdicts([s["label"] for s in summaries], cross, ratios, throughput)
+    return "\n".join(lines)
+
+
+def _table(summaries: list[dict[str, Any]], width: int, ratios: dict[str, Any] | None,
+           throughput: dict[str, Any] | None) -> list[str]:
+    """The rows of :func:`_rows` side by side, with a ratio column for two servers."""
     labels = [s["label"] for s in summaries]
     rows = [_rows(s) for s in summaries]
-    width = max(16, *(len(lbl) for lbl in labels))
-    lines = [header] if header else []
     title = f"{'':<26}" + "".join(f"{lbl:>{width + 2}}" for lbl in labels)
     if len(summaries) == 2:
         title += f"{labels[1] + '/' + labels[0]:>{width + 2}}"
-    lines.append(title)
+    lines = [title]
     for i, (name, _) in enumerate(rows[0]):
         line = f"{name:<26}" + "".join(f"{r[i][1]:>{width + 2}}" for r in rows)
         if len(summaries) == 2 and name in ("latency p50 s", "latency p99 s") and ratios:
@@ -341,8 +347,13 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
         if len(summaries) == 2 and name == "throughput req/s" and throughput:
             line += f"{_fmt(throughput['throughput_ratio'], '.2f', 'x'):>{width + 2}}"
         lines.append(line)
-    sizes = sorted({size for s in summaries for size in s["per_size"]})
-    for size in sizes:
+    return lines
+
+
+def _per_size_and_model(summaries: list[dict[str, Any]], width: int) -> list[str]:
+    """p50 per size (warmed sizes marked) and, where requests named models, the answers per model."""
+    lines = []
+    for size in sorted({size for s in summaries for size in s["per_size"]}):
         warmed = any(s["per_size"].get(size, {}).get("warmed") for s in summaries)
         name = f"p50 s at {size}" + (" (warmed)" if warmed else "")
         cells = [_fmt(s["per_size"].get(size, {}).get("p50")) for s in summaries]
@@ -353,17 +364,25 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
             cells = [f"{s['per_model'].get(model, {}).get('ok', 0)}/{s['per_model'].get(model, {}).get('requests', 0)}"
                      for s in summaries]
             lines.append(f"{'ok at model ' + model:<26}" + "".join(f"{c:>{width + 2}}" for c in cells))
-    for s in summaries:
-        if s.get("batching"):
-            lines.append(_batching_line(s["label"], s["batching"]))
-        check = s.get("alone_check")
-        if check is not None:
-            verdict = "bitwise equal" if not check["mismatched"] and not check["failed"] else "NOT all equal"
-            lines.append(f"  {s['label']} alone check (each distinct request sent again alone): {check['equal']} of "
-                         f"{check['distinct']} equal, {len(check['mismatched'])} mismatched, {len(check['failed'])} "
-                         f"failed: {verdict}")
-        for example in s["error_examples"]:
-            lines.append(f"  {s['label']} error {example}")
+    return lines
+
+
+def _server_notes(s: dict[str, Any]) -> list[str]:
+    """One server's batching line, alone check and error examples."""
+    lines = [_batching_line(s["label"], s["batching"])] if s.get("batching") else []
+    check = s.get("alone_check")
+    if check is not None:
+        verdict = "bitwise equal" if not check["mismatched"] and not check["failed"] else "NOT all equal"
+        lines.append(f"  {s['label']} alone check (each distinct request sent again alone): {check['equal']} of "
+                     f"{check['distinct']} equal, {len(check['mismatched'])} mismatched, {len(check['failed'])} "
+                     f"failed: {verdict}")
+    return lines + [f"  {s['label']} error {example}" for example in s["error_examples"]]
+
+
+def _verdicts(labels: list[str], cross: dict[str, Any] | None, ratios: dict[str, Any] | None,
+              throughput: dict[str, Any] | None) -> list[str]:
+    """The cross-check of two servers and the verdicts of the latency and throughput targets."""
+    lines = []
     if cross is not None:
         verdict = "bitwise equal" if not cross["mismatched"] and not cross["not_compared"] else "NOT all equal"
         lines.append(f"cross-check ({labels[0]} vs {labels[1]}, decoded pixels per request): {cross['equal']} of "
@@ -381,4 +400,4 @@ def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None 
             parts.append(f"p99 {labels[1]}/{labels[0]} {_fmt(throughput['p99_ratio'], '.2f', 'x')} <= "
                          f"{throughput['max_p99_ratio']:.2f}x")
         lines.append(f"throughput target: {'; '.join(parts)}: {'PASS' if throughput['passed'] else 'FAIL'}")
-    return "\n".join(lines)
+    return lines

@@ -162,6 +162,32 @@ class _StatsPoller(threading.Thread):
         self.join(STATS_TIMEOUT_S + self.interval_s)
 
 
+class _ClosedLoop:
+    """Clients that each take the next body in order and send it, until every body is sent or the deadline has
+    passed; their outcomes."""
+
+    def __init__(self, url: str, bodies: list[dict[str, Any]], deadline: float, request_timeout_s: float):
+        self.url, self.bodies, self.deadline, self.request_timeout_s = url, bodies, deadline, request_timeout_s
+        self.outcomes: list[Outcome] = []
+        self.lock = threading.Lock()
+        self.next_index = itertools.count()
+        self.timed_out = threading.Event()
+
+    def client_loop(self) -> None:
+        with client(self.url, self.request_timeout_s) as http:
+            while True:
+                with self.lock:
+                    index = next(self.next_index)
+                if index >= len(self.bodies):
+                    return
+                if time.monotonic() >= self.deadline:
+                    self.timed_out.set()
+                    return
+                outcome = send_one(http, index, self.bodies[index])
+                with self.lock:
+                    self.outcomes.append(outcome)
+
+
 def run_load(url: str, bodies: list[dict[str, Any]], *, label: str, concurrency: int, time_limit_s: float,
              request_timeout_s: float, poll_s: float = 1.0) -> ServerRun:
     """Send ``bodies`` from ``concurrency`` threads (each takes the next body in order) until all are sent or
@@ -170,40 +196,22 @@ def run_load(url: str, bodies: list[dict[str, Any]], *, label: str, concurrency:
     if concurrency < 1 or time_limit_s <= 0 or request_timeout_s <= 0:
         raise ValueError("concurrency must be >= 1 and the time limits > 0")
     stats_start = get_stats(url)
-    outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    next_index = itertools.count()
-    deadline = time.monotonic() + time_limit_s
-    timed_out = threading.Event()
-
-    def client_loop():
-        with client(url, request_timeout_s) as http:
-            while True:
-                with lock:
-                    index = next(next_index)
-                if index >= len(bodies):
-                    return
-                if time.monotonic() >= deadline:
-                    timed_out.set()
-                    return
-                outcome = send_one(http, index, bodies[index])
-                with lock:
-                    outcomes.append(outcome)
-
+    loop = _ClosedLoop(url, bodies, time.monotonic() + time_limit_s, request_timeout_s)
     poller = _StatsPoller(url, poll_s)
     poller.start()
     start = time.perf_counter()
-    threads = [threading.Thread(target=client_loop, name=f"load-client-{i}", daemon=True) for i in range(concurrency)]
+    threads = [threading.Thread(target=loop.client_loop, name=f"load-client-{i}", daemon=True)
+               for i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(time_limit_s + request_timeout_s + 5)
     wall = time.perf_counter() - start
     poller.stop()
-    with lock:
-        done = sorted(outcomes, key=lambda o: o.index)
+    with loop.lock:
+        done = sorted(loop.outcomes, key=lambda o: o.index)
     return ServerRun(label, url, done, wall, stats_start, get_stats(url), poller.polls,
-                     timed_out.is_set() or any(t.is_alive() for t in threads))
+                     loop.timed_out.is_set() or any(t.is_alive() for t in threads))
 
 
 def replay_alone(url: str, run: ServerRun, *, request_timeout_s: float, time_limit_s: float) -> list[Outcome]:

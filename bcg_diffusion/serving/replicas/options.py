@@ -1,7 +1,7 @@
 """How many replicas of the server Ray Serve runs, and on what: a documented dataclass, validated, with no Ray.
 
-The same options reach Ray from two places: ``bcg-serve --replicas N ...`` (:func:`add_replica_arguments`,
-:func:`replica_options_from_args`) and the ``args`` of a ``serve run`` / ``serve deploy`` config that imports
+The same options reach Ray from two places: ``bcg-serve --replicas N ...`` (its flags are
+:func:`~..command_line.add_replica_options`; :func:`replica_options_from_args` reads them) and the ``args`` of a ``serve run`` / ``serve deploy`` config that imports
 ``bcg_diffusion.serving.replicas.ray_app:build_app`` (:func:`replica_options_from_mapping`, whose values may be strings, as
 ``serve run ... key=value`` passes them). Bad values raise :class:`ReplicaOptionsError` saying what to change.
 """
@@ -15,15 +15,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from bcg_diffusion.toolkit.numbers import finite_float
+from ..command_line import REPLICA_FLAGS
+from ..serve_defaults import DEFAULT_TARGET_ONGOING_REQUESTS
 
-__all__ = ["DEFAULT_TARGET_ONGOING_REQUESTS", "REPLICA_FLAGS", "ReplicaOptions", "ReplicaOptionsError",
-           "add_replica_arguments", "placement_problem", "replica_options_from_args", "replica_options_from_mapping"]
+__all__ = ["ReplicaOptions", "ReplicaOptionsError", "placement_problem", "replica_options_from_args",
+           "replica_options_from_mapping"]
 
-#: Ray Serve's own default of the autoscaler's target (ongoing requests per replica).
-DEFAULT_TARGET_ONGOING_REQUESTS = 2.0
-#: The command-line flags of this group (each takes a value).
-REPLICA_FLAGS = ("--replicas", "--max-replicas", "--target-ongoing-requests", "--gpus-per-replica")
 
 
 class ReplicaOptionsError(ValueError):
@@ -117,22 +114,6 @@ def _check_positive(name: str, value: Any, zero: bool = False) -> None:
           and (value >= 0 if zero else value > 0))
     if not ok:
         raise ReplicaOptionsError(f"{name} must be a number {'>= 0' if zero else '> 0'} (got {value!r})")
-
-
-def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``replicas (Ray Serve)`` option group of ``bcg-serve``; without ``--replicas`` the server is one
-    process and Ray is not imported."""
-    g = parser.add_argument_group("replicas (Ray Serve; needs the ray extra: pip install -e \".[serve,ray]\")")
-    g.add_argument("--replicas", type=int, default=None, metavar="N",
-                   help="run N replicas of this server on a local Ray instance behind Ray Serve's HTTP proxy, one "
-                   "per GPU on CUDA (default: one process, no Ray); see docs/serving.md")
-    g.add_argument("--max-replicas", type=int, default=None, metavar="M",
-                   help="autoscale between --replicas and M replicas by ongoing requests (default: a fixed count)")
-    g.add_argument("--target-ongoing-requests", type=finite_float, default=None, metavar="R",
-                   help="with --max-replicas: the requests waiting or running per replica the autoscaler aims at "
-                   f"(default: {DEFAULT_TARGET_ONGOING_REQUESTS:g})")
-    g.add_argument("--gpus-per-replica", type=finite_float, default=None, metavar="G",
-                   help="GPUs Ray reserves for each replica (default: 1 on CUDA, 0 on the CPU)")
 
 
 def replica_options_from_args(args: argparse.Namespace) -> ReplicaOptions | None:

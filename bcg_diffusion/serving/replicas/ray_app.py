@@ -30,7 +30,9 @@ from typing import Any, Callable, Mapping
 import ray
 from ray import serve
 
-from .. import server
+from bcg_diffusion.toolkit.options import quiet_known_messages
+
+from .. import command_line
 from ..http.app import create_app
 from ..http.listen import is_loopback
 from ..state import ServerState
@@ -62,8 +64,8 @@ class ImageServerReplica:
     parsed options, the API key resolved) before Ray routes any request to it."""
 
     def __init__(self, server_options: dict[str, Any]):
-        server.quiet_known_messages()
-        server.configure_logging(server_options.get("log_level", "info"))
+        quiet_known_messages()
+        command_line.configure_logging(server_options.get("log_level", "info"))
         self._undo_loopback = bind_replica_grpc_to_loopback()
         replica = {"pid": os.getpid(), "id": _replica_id()}
         self._state: ServerState = build_server_state(argparse.Namespace(**server_options), replica)
@@ -147,7 +149,7 @@ def build_app(config: Mapping[str, Any]):
     server_args = config.pop("server_args", "")
     try:
         args = parse_server_args(server_args)
-        defaults = server.build_parser()
+        defaults = command_line.build_parser()
         for flag in ("host", "port", "replicas", "max_replicas", "target_ongoing_requests", "gpus_per_replica"):
             if getattr(args, flag) != defaults.get_default(flag):
                 raise ServerOptionsError(f"--{flag.replace('_', '-')} does not belong in server_args: the proxy's "

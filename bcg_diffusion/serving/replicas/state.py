@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from bcg_diffusion.toolkit.options import Failure
 
-from .. import server
+from .. import command_line
 from ..server_build import build_server
 from ..server_plan import ServerPlan, read_plan
 from ..state import ServerState
@@ -29,7 +29,7 @@ class ServerOptionsError(ValueError):
 
 
 def _raising_parser() -> argparse.ArgumentParser:
-    parser = server.build_parser()
+    parser = command_line.build_parser()
 
     def error(message: str):
         raise ServerOptionsError(message)
