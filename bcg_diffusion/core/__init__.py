@@ -18,6 +18,7 @@ from .capture import (
     returns_boxed_tuples_under_capture,
 )
 from .copy_back import BreakOutputMismatchError, copy_into
+from .failed_segments import parked_count as failed_segment_count
 from .graph import BreakableCUDAGraph, GraphState
 from .handles import RemovableHandle, live_handles
 from .nonowning import non_owning_view
@@ -42,6 +43,7 @@ __all__ = [
     "clear_blas_workspaces",
     "copy_into",
     "eager_on_graph",
+    "failed_segment_count",
     "get_current_replay_token",
     "is_capturing_breakable",
     "is_recording_segment",
