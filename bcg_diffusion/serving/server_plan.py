@@ -25,20 +25,20 @@ from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, fam
 from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
-from .adapters.bank import AdapterSpec
-from .adapters.options import lora_specs
+from .adapters.options import AdapterPlan, served_models
 from .batching.stepping.config import STEP_PIPELINES, StepConfig
 from .catalog import ModelCatalog
 from .http.listen import API_KEY_VARIABLE, warn_if_open
 from .serve_defaults import prog
 
-__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "AdapterPlan", "BatchingPlan", "ModelPlan", "RequestPlan",
-           "ServerPlan", "prog", "read_plan"]
+__all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "BatchingPlan", "ModelPlan", "RequestPlan", "ServerPlan", "prog",
+           "read_plan"]
 
 #: An API key: visible ASCII, no spaces (it travels as ``Authorization: Bearer <key>``).
 API_KEY_PATTERN = re.compile(r"[!-~]+")
 #: Options that must be >= 1 when given.
 POSITIVE_OPTIONS = ("max_pixels", "max_steps", "max_n", "max_queue", "steps", "max_batch")
+
 
 @dataclass(frozen=True)
 class ModelPlan:
@@ -88,15 +88,6 @@ class BatchingPlan:
 
 
 @dataclass(frozen=True)
-class AdapterPlan:
-    """The LoRA adapters served (``--lora``), their hot-swap rank and device slots (``None``: the defaults)."""
-
-    specs: tuple[AdapterSpec, ...] = ()
-    rank: int | None = None
-    gpu_slots: int | None = None
-
-
-@dataclass(frozen=True)
 class ServerPlan:
     """What the server's start-up needs, checked (the options of ``bcg-serve``, see its ``--help``): the ``model``
     to build, its speed ``stack`` (``--quant``, ``--cache``, ``--compile``, ``--compile-cache``,
@@ -126,8 +117,7 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     check_numbers(args, parser)
     key = api_key(args, parser)
     warmup, default_size = parse_values(args, parser)
-    adapters = AdapterPlan(tuple(lora_specs(args, parser)), args.lora_rank, args.lora_gpu_slots)
-    catalog = model_catalog(args, adapters, parser)
+    adapters, catalog = served_models(args, parser)
     if warn_open_host:
         warn_if_open(args.host, key)
     model = model_plan(args, parser, device)
@@ -151,15 +141,6 @@ def model_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, device
         check_binning_flag(spec, parser)
     dtype = pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None
     return ModelPlan(args.model, spec, args.size, args.yes, chosen, dtype, getattr(args, "offload", None))
-
-
-def model_catalog(args: argparse.Namespace, adapters: AdapterPlan, parser: argparse.ArgumentParser) -> ModelCatalog:
-    """The served model ids: ``--served-model-name`` (else ``--model``) and the adapters' names; ``parser.error``
-    for an adapter name given twice or equal to the base model's."""
-    try:
-        return ModelCatalog(args.served_model_name or args.model, tuple(spec.name for spec in adapters.specs))
-    except ValueError as exc:
-        parser.error(str(exc))
 
 
 def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -1,11 +1,12 @@
 """The server's LoRA options (``--lora NAME=PATH``, ``--lora-rank``, ``--lora-gpu-slots``), checked once with the
-command line, and the adapters loaded at start-up (:class:`.bank.AdapterBank`). Any adapter that cannot be served
+command line into the adapters' plan and the catalog of served model ids, and the adapters loaded at start-up (:class:`.bank.AdapterBank`). Any adapter that cannot be served
 stops the server before it listens, with a message naming the adapter (exit code 2)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bcg_diffusion.toolkit.options import Failure
@@ -17,7 +18,7 @@ if TYPE_CHECKING:  # torch: imported where adapters are read and loaded, not by 
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_lora_options", "attach_adapters", "lora_specs"]
+__all__ = ["AdapterPlan", "add_lora_options", "attach_adapters", "served_models"]
 
 
 def add_lora_options(p: argparse.ArgumentParser) -> None:
@@ -33,9 +34,20 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
                    "for them, least recently used out first (default: all)")
 
 
-def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
-    """The adapters of ``--lora``; ``parser.error`` (exit 2) for a malformed one or for ``--lora-rank`` /
-    ``--lora-gpu-slots`` out of range or without ``--lora``."""
+@dataclass(frozen=True)
+class AdapterPlan:
+    """The LoRA adapters served (``--lora``), their hot-swap rank and device slots (``None``: the defaults)."""
+
+    specs: tuple[AdapterSpec, ...] = ()
+    rank: int | None = None
+    gpu_slots: int | None = None
+
+
+def served_models(args, parser: argparse.ArgumentParser) -> tuple[AdapterPlan, ModelCatalog]:
+    """The adapters of ``--lora`` (with ``--lora-rank`` and ``--lora-gpu-slots``) and the served model ids: the base
+    model's (``--served-model-name``, else ``--model``) and the adapters'. ``parser.error`` (exit 2) for a malformed
+    ``--lora``, a name given twice or equal to the base model's, or ``--lora-rank`` / ``--lora-gpu-slots`` out of
+    range or without ``--lora``."""
     from .bank import parse_lora_option
 
     specs = []
@@ -51,12 +63,15 @@ def lora_specs(args, parser: argparse.ArgumentParser) -> list[AdapterSpec]:
             parser.error(f"{flag} must be >= 1 (got {value})")
         if value is not None and not specs:
             parser.error(f"{flag} applies to adapters: give them with --lora NAME=PATH")
-    return specs
+    try:
+        catalog = ModelCatalog(args.served_model_name or args.model, tuple(spec.name for spec in specs))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return AdapterPlan(tuple(specs), args.lora_rank, args.lora_gpu_slots), catalog
 
 
 def attach_adapters(pipe, adapters, catalog: ModelCatalog, prog: str) -> AdapterBank | None:
-    """Load the adapters of ``adapters`` (a :class:`~..server_plan.AdapterPlan`: the specs, ``--lora-rank``,
-    ``--lora-gpu-slots``) into ``pipe``'s transformer (before BCG or compile touch it), in the order of ``catalog``;
+    """Load the adapters of ``adapters`` (an :class:`AdapterPlan`: the specs, ``--lora-rank``, ``--lora-gpu-slots``) into ``pipe``'s transformer (before BCG or compile touch it), in the order of ``catalog``;
     ``None`` without any. :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot
     be served."""
     if not adapters.specs:
