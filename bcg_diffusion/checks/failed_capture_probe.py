@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from bcg_diffusion.toolkit.numbers import finite_float
+
 VARIANTS = [
     # raw torch, a failure inside the capture; the pool a fresh one each time (as the library does) or shared
     "raw_raise_fresh",
@@ -164,7 +166,7 @@ def _raw_failure(torch, variant, kind, x, w, shared_pool, kept, stream):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--budget", type=float, default=40.0)
+    p.add_argument("--budget", type=finite_float, default=40.0)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--child", default=None)

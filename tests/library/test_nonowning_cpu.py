@@ -26,7 +26,9 @@ from bcg_diffusion.core.nonowning import BreakArguments, KeptNonOwning, is_plain
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_NAMES = ("memory_snapshot", "_cuda_memorySnapshot", "MemPool", "_snapshot")
-ALLOWED = {Path("bcg_diffusion/core/pool_check.py")}
+# the opt-in check; the failed-capture probe, a diagnostic tool that counts pools at the end of its children and has
+# one variant that takes the old path's snapshot on purpose (neither is on a capture or replay path)
+ALLOWED = {Path("bcg_diffusion/core/pool_check.py"), Path("bcg_diffusion/checks/failed_capture_probe.py")}
 
 
 def _any(t: torch.Tensor) -> bool:
@@ -272,5 +274,5 @@ def test_product_code_takes_allocator_snapshots_only_in_the_opt_in_check():
     files = [p for folder in ("bcg_diffusion", "pipelines", "scripts") for p in sorted((ROOT / folder).rglob("*.py"))]
     assert len(files) > 100
     uses = [u for p in files if p.relative_to(ROOT) not in ALLOWED for u in _snapshot_uses(p)]
-    assert uses == [], "allocator snapshots outside core/pool_check.py (the opt-in check):\n" + "\n".join(uses)
+    assert uses == [], "allocator snapshots outside core/pool_check.py (the opt-in check) and the failed-capture probe:\n" + "\n".join(uses)
     assert _snapshot_uses(ROOT / "bcg_diffusion/core/pool_check.py")  # the scan sees the one that is allowed

@@ -144,13 +144,14 @@ def test_a_call_the_eager_twin_cannot_make_is_not_made():
     assert two.label == "2 outputs" and two.bitwise is None and "eager twin raises" in two.note
 
 
-def test_transformers_that_accelerate_pipeline_does_not_take_are_named():
-    """Ideogram 4's second transformer is ``unconditional_transformer``: accelerate_pipeline takes the components
-    named ``transformer...``, so it runs eagerly; the probe names it."""
+def test_every_transformer_of_a_pipeline_is_taken():
+    """Ideogram 4's second transformer is ``unconditional_transformer``: the probe found it left eager while
+    accelerate_pipeline took only components named ``transformer...``; it takes ``*_transformer`` too now, and the
+    probe would name any transformer left out."""
     settings = pipeline_calls.Settings(torch.device("cpu"), torch.float32, debug=True)
     result = pipeline_calls.probe_class(pipeline_zoo.get_case("Ideogram4Pipeline"), settings)
     assert result.status == "replayed", (result.status, result.error)
-    assert result.left_eager == ["unconditional_transformer (Ideogram4Transformer2DModel)"]
+    assert result.left_eager == []
 
 
 def test_calls_seed_the_global_rngs_for_pipelines_that_draw_without_their_generator():
