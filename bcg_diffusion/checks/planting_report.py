@@ -34,6 +34,7 @@ def summary(results: list[Any]) -> dict[str, Any]:
         "different": sum(r.status == "different" for r in checked),
         "unrepeatable": sum(r.status == "unrepeatable" for r in checked),
         "replayed": sum(r.replayed_calls > 0 for r in ran),
+        "host_random": sum(getattr(r, "host_random", False) for r in ran),
         "named_missing": sum(r.named is False for r in ran),
         "suspicious": sum(bool(r.suspicious) for r in ran),
         "assumption": len(ran) - len(checked),
@@ -79,6 +80,8 @@ def markdown(results: list[Any], header: dict[str, Any]) -> str:
         f"- no verdict, the eager twin itself not repeatable (it gave other bits on a second run: a nondeterministic "
         f"kernel in the model): {s['unrepeatable']}",
         f"- some graph replayed in the calls: {s['replayed']} of {s['ran']} ({pct:.1f} %)",
+        f"- a key run eagerly because its capture drew host random numbers (a replay would repeat them; no replay "
+        f"owed): {s['host_random']}",
         f"- a place the library acted on not named in its warning or log: {s['named_missing']}",
         f"- a log line saying the library itself went wrong (a nested capture, a failed narrowing, a stopped "
         f"replay): {s['suspicious']}",

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import attention_layouts
+from . import attention_layouts, host_random
 from .breaks import attention, narrowing
 from ..config import BCGConfig
 from ..errors import BCGCaptureWarning
@@ -61,7 +61,8 @@ def capture_entry(
     back to eager for this key. There is no warm-up run here: the key's first calls ran eagerly
     (lazy initialisation, compiled code) and recorded ``layouts`` (attention output layouts).
     Hooks of hooked modules do not run here (their state must advance once per real call): the
-    caller replays the entry for the call's result.
+    caller replays the entry for the call's result. A capture that draws random numbers on the host
+    (:mod:`.host_random`) makes the key run eagerly, the CPU generator put back where the call found it.
 
     The entry's ``phases`` give the host seconds of the capture: ``setup`` (capture stream,
     library handles and, within it, ``blas_workspace``), ``record`` (the forward under capture),
@@ -95,6 +96,7 @@ def _capture(
 ) -> GraphEntry:
     debug = ctx.config.debug  # debug mode takes the same path, failures and narrowing included; it captures nothing
     attempts = _Attempts(ctx, time.perf_counter(), ctx.pool)
+    rng = host_random.watch(ctx.config)  # the CPU generator as the call found it: each attempt starts from it
     while True:
         graph = BreakableCUDAGraph()
         attempt = time.perf_counter()
@@ -104,7 +106,9 @@ def _capture(
             else BreakableCUDAGraphCapture(graph, pool=attempts.pool, stream=ctx.stream, capture_error_mode="thread_local")
         )
         try:
-            with attention_layouts.using_layouts(layouts), _generators_kept(debug, static), capture:
+            # rng.attempt(): what an attempt draws on the host is undone, failed or not (the next attempt, or the
+            # call's eager run, draws it as an eager call would)
+            with attention_layouts.using_layouts(layouts), _generators_kept(debug, static), capture, rng.attempt():
                 outputs = ctx.forward(*s_args, **s_kwargs)
         except Exception as exc:
             attempts.failed_s += time.perf_counter() - attempt
@@ -112,7 +116,26 @@ def _capture(
             if given_up is not None:
                 return given_up
             continue
+        if rng.drew:
+            return _drew_host_random(attempts, graph)
         return _captured(attempts, key, graph, static, outputs, attempt, (s_args, s_kwargs), reserved)
+
+
+def _drew_host_random(attempts: _Attempts, graph: BreakableCUDAGraph) -> EagerFallback:
+    """A capture that worked but drew random numbers on the host (:mod:`.host_random`): its graph is
+    dropped and the key runs eagerly; the CPU generator was put back, so the call's eager run draws
+    what an eager call draws."""
+    graph.reset()
+    narrowed = attempts.narrowed
+    also = f" ({', '.join(narrowed)} had been made eager breaks after a failed attempt)" if narrowed else ""
+    attempts.ctx.warn(
+        f"bcg: capture of {attempts.name} found {host_random.REASON}{also}: torch's CPU generator moved while the step "
+        "was captured, and a replay would repeat the numbers drawn at capture where an eager call draws new ones. "
+        "This input shape now runs eagerly (the generator was put back: each call draws what eager code draws). "
+        "Draw them on the device, or name the module that draws them in BCGConfig.eager_modules."
+    )
+    return EagerFallback(reason=host_random.REASON, capture_time_s=time.perf_counter() - attempts.start,
+                         eager_modules=narrowed, phases={"retries": attempts.failed_s} if attempts.failed_s else {})
 
 
 def _after_failure(attempts: _Attempts, exc: Exception) -> GraphEntry | None:

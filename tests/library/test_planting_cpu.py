@@ -105,6 +105,19 @@ def test_the_verdicts_tell_an_assumption_from_a_failure(flux):
     assert totals["replayed"] == 3
 
 
+def test_a_key_run_eagerly_for_host_random_numbers_passes_without_a_replay(flux, monkeypatch):
+    # plant 631 of the 1000-plant run: a dropout on the host inside the captured step. Debug mode does not
+    # watch the CPU generator (on a machine without CUDA it is also the device's); switched on here, the
+    # dropout in gelu is host randomness as on a GPU machine: the key runs eagerly, equal to the twin.
+    from bcg_diffusion.integration import host_random
+
+    monkeypatch.setattr(host_random, "watched", lambda config: True)
+    spec = planting.PlantSpec(631, flux.case.name, "torch_function", "dropout")
+    result = planting.run_plant(spec, flux, 0, CPU, site=Site("torch_function", "torch.nn.functional.gelu"))
+    assert result.status == "ok" and result.host_random and result.replayed_calls == 0 and result.passed, result
+    assert result.counters["failed_captures"] == 1 and summary([result])["host_random"] == 1, result
+
+
 def test_a_twin_that_does_not_repeat_itself_gets_no_verdict(flux, monkeypatch):
     # a model with a nondeterministic kernel (an atomic scatter_add_ on CUDA): its eager twin's first run
     # differs from its second, so the accelerated output's difference from it is no verdict on the library
