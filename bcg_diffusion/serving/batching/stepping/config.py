@@ -41,12 +41,19 @@ class StepConfig:
     - ``policy``: which running batch takes the next step when several sizes (or adapters) have work:
       ``round_robin`` (each in turn, one step each) or ``oldest_first`` (the batch holding the oldest request,
       waiting or running).
+    - ``host_threads``: each request prepared (encoded, its latents drawn, its schedulers set) on a preparing thread
+      as soon as it is submitted, and finished (decoded, postprocessed, answered) on a finishing thread, so the thread
+      that runs the step boundaries never waits for them and the device always has the next step queued
+      (:mod:`.host_work`; the same kernels on the same stream: the images are bitwise the same). ``False``: both run
+      inline on that thread, when the request joins and when its last step is done (every event at a known
+      boundary: what the tests of the order of events use).
     """
 
     rows: int = 8
     encode_rows: int = 1
     decode_rows: int = 1
     policy: str = "round_robin"
+    host_threads: bool = True
 
     def __post_init__(self):
         if min(self.rows, self.encode_rows, self.decode_rows) < 1:
