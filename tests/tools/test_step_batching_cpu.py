@@ -34,6 +34,17 @@ SIZES = {"pixart": (64, 64), "sana": (64, 64), "sd3": (64, 64), "flux": (64, 64)
 OTHER_SIZE = {"pixart": (64, 128), "flux": (64, 128)}
 
 
+@pytest.fixture(autouse=True)
+def keep_switch_interval():
+    """Schedulers with host threads set the interpreter's switch interval; the tests that do not close theirs must
+    not leave it changed for the next tests."""
+    import sys
+
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
 @pytest.fixture(scope="module")
 def pipes():
     built = {}
@@ -385,3 +396,17 @@ def test_cancel_withdraws_a_waiting_preparation_and_close_fails_what_the_workers
     assert isinstance(slow.future.exception(timeout=30), StepError)
     assert one.future.result(timeout=30).steps == 1  # it was being decoded: answered
     assert isinstance(two.future.exception(timeout=30), StepError) and "closed for the test" in str(two.future.exception())
+
+
+def test_the_host_threads_set_the_switch_interval_and_close_puts_it_back(pipes):
+    import sys
+
+    before = sys.getswitchinterval()
+    scheduler = StepScheduler(pipes["flux"], StepConfig(rows=2, switch_interval_s=0.002))
+    assert sys.getswitchinterval() == pytest.approx(0.002)
+    scheduler.close()
+    assert sys.getswitchinterval() == pytest.approx(before)
+    StepScheduler(pipes["flux"], StepConfig(host_threads=False, rows=2, switch_interval_s=0.002))
+    assert sys.getswitchinterval() == pytest.approx(before)  # inline: no threads, nothing set
+    with pytest.raises(ValueError, match="switch_interval_s"):
+        StepConfig(switch_interval_s=0)

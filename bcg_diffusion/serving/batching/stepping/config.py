@@ -47,6 +47,11 @@ class StepConfig:
       (:mod:`.host_work`; the same kernels on the same stream: the images are bitwise the same). ``False``: both run
       inline on that thread, when the request joins and when its last step is done (every event at a known
       boundary: what the tests of the order of events use).
+    - ``switch_interval_s``: with ``host_threads``, the interpreter's thread switch interval while the threads exist
+      (``sys.setswitchinterval``, process-wide; put back when the scheduler closes, unless changed meanwhile). The
+      boundaries' thread releases the interpreter lock at every graph replay and device wait; a busy worker keeps it
+      until the interval ends, so this bounds how long the next step's launches wait after each (Python's default is
+      5 ms). ``None``: left as it is.
     """
 
     rows: int = 8
@@ -54,8 +59,11 @@ class StepConfig:
     decode_rows: int = 1
     policy: str = "round_robin"
     host_threads: bool = True
+    switch_interval_s: float | None = 0.001
 
     def __post_init__(self):
+        if self.switch_interval_s is not None and not 0 < self.switch_interval_s <= 1:
+            raise ValueError(f"switch_interval_s must be in (0, 1] seconds or None (got {self.switch_interval_s})")
         if min(self.rows, self.encode_rows, self.decode_rows) < 1:
             raise ValueError(f"rows, encode_rows and decode_rows must be >= 1 (got {self})")
         if self.policy not in POLICIES:

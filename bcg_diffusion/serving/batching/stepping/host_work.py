@@ -21,6 +21,7 @@ intra-op thread count (the CPU kernels split their work the same way).
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 from typing import Any, Callable
 
 import torch
@@ -34,11 +35,16 @@ def _same_threads(count: int) -> None:
 
 class HostWork:
     """The preparing and the finishing worker of one step scheduler (``threaded``), or none: every job then runs on
-    the caller's thread when the scheduler needs its result."""
+    the caller's thread when the scheduler needs its result. ``switch_interval_s`` (threaded): the interpreter's
+    switch interval while the workers exist (``StepConfig.switch_interval_s``), put back by :meth:`close`."""
 
-    def __init__(self, threaded: bool):
+    def __init__(self, threaded: bool, switch_interval_s: float | None = None):
         self.threaded = threaded
         pools = [None, None]
+        self._switch = None  # (the interval set here, the one it replaced)
+        if threaded and switch_interval_s is not None:
+            self._switch = (switch_interval_s, sys.getswitchinterval())
+            sys.setswitchinterval(switch_interval_s)
         if threaded:
             count = torch.get_num_threads()
             pools = [concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"bcg-step-{name}",
@@ -75,3 +81,8 @@ class HostWork:
         if self._preparer is not None:
             self._preparer.shutdown(wait=False, cancel_futures=True)
             self._finisher.shutdown(wait=False)
+        if self._switch is not None:
+            ours, before = self._switch
+            self._switch = None
+            if abs(sys.getswitchinterval() - ours) < 1e-9:  # not changed by someone else meanwhile
+                sys.setswitchinterval(before)

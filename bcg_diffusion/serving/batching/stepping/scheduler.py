@@ -108,7 +108,7 @@ class StepScheduler:
         self.config = config or StepConfig()
         self.loop = loop_for(pipe, self.config)
         self.stats = StepStats(self.config.rows, self.config.policy)
-        self._host = HostWork(self.config.host_threads)
+        self._host = HostWork(self.config.host_threads, self.config.switch_interval_s)
         self.before_step, self._clock = before_step, clock
         self._cond = threading.Condition()
         self._waiting: dict[Hashable, deque[StepTicket]] = {}
