@@ -15,7 +15,7 @@ the steps that read them; a finished row's latents are decoded by kernels queued
 Stream order does the rest. BCG's captures use ``capture_error_mode="thread_local"`` on a side stream, so eager work
 on these threads does not disturb a capture. One preparing thread (the tokenizers are not thread-safe: everything
 that encodes, the filler rows included, goes through it) and one finishing thread, each with the creating thread's
-intra-op thread count (the CPU kernels split their work the same way).
+intra-op thread count (the CPU kernels split their work the same way) and current CUDA device.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ import torch
 __all__ = ["HostWork"]
 
 
-def _same_threads(count: int) -> None:
+def _like_creator(count: int, cuda_device: int | None) -> None:
+    """A worker's start: the creating thread's intra-op thread count and current CUDA device (where CUDA is in use)."""
     torch.set_num_threads(count)
+    if cuda_device is not None:
+        torch.cuda.set_device(cuda_device)
 
 
 class HostWork:
@@ -46,9 +49,9 @@ class HostWork:
             self._switch = (switch_interval_s, sys.getswitchinterval())
             sys.setswitchinterval(switch_interval_s)
         if threaded:
-            count = torch.get_num_threads()
+            like = (torch.get_num_threads(), torch.cuda.current_device() if torch.cuda.is_initialized() else None)
             pools = [concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"bcg-step-{name}",
-                                                           initializer=_same_threads, initargs=(count,))
+                                                           initializer=_like_creator, initargs=like)
                      for name in ("prepare", "finish")]
         self._preparer, self._finisher = pools
 
