@@ -410,3 +410,17 @@ def test_the_host_threads_set_the_switch_interval_and_close_puts_it_back(pipes):
     assert sys.getswitchinterval() == pytest.approx(before)  # inline: no threads, nothing set
     with pytest.raises(ValueError, match="switch_interval_s"):
         StepConfig(switch_interval_s=0)
+
+
+def test_a_request_finished_after_the_workers_stopped_is_answered_not_lost(pipes):
+    """A boundary still running when the host workers stop (close() while the server waits for the boundary) hands its
+    finished requests to a stopped finishing thread: the finish runs where the boundary runs."""
+    pipe = pipes["flux"]
+    fox = StepRequest(call(pipe, "flux", "a fox", steps=1), seed=1)
+    reference = alone(StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS)), fox)
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    ticket = scheduler.submit(fox)
+    ticket.prepared.result(timeout=30)
+    scheduler._host.close()
+    scheduler.run_once()  # its only step, then its finish
+    assert ticket.state == "done" and np.array_equal(image(ticket), reference)

@@ -64,11 +64,15 @@ class HostWork:
         return job(*args) if self._preparer is None else self._preparer.submit(job, *args).result()
 
     def finish(self, job: Callable[..., Any], *args) -> None:
-        """``job(*args)`` on the finishing thread (inline: now). ``job`` answers its requests itself."""
-        if self._finisher is None:
-            job(*args)
-        else:
-            self._finisher.submit(job, *args)
+        """``job(*args)`` on the finishing thread (inline, or once the workers are stopped: now). ``job`` answers its
+        requests itself."""
+        try:
+            if self._finisher is not None:
+                self._finisher.submit(job, *args)
+                return
+        except RuntimeError:  # stopped by close(): the job fails its requests where it runs
+            pass
+        job(*args)
 
     def drain(self) -> None:
         """Wait until the finishing jobs queued so far are done."""
