@@ -419,6 +419,7 @@ def test_a_request_finished_after_the_workers_stopped_is_answered_not_lost(pipes
     fox = StepRequest(call(pipe, "flux", "a fox", steps=1), seed=1)
     reference = alone(StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS)), fox)
     scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    alone(scheduler, StepRequest(call(pipe, "flux", "a boat", steps=1), seed=2))  # its running batch is made
     ticket = scheduler.submit(fox)
     ticket.prepared.result(timeout=30)
     scheduler._host.close()
