@@ -3,7 +3,9 @@ equals the stock pipeline called at the same batch shape (per family); a request
 joined or left its running batch at any step; joins, leaves, idle, sizes taking turns (both policies),
 cancellation of a waiting request, a request that does not fit, failures; what the scheduler refuses.
 
-Every scheduler here is driven by the test itself (``run_once``), on the test's thread: no server, no thread.
+Every scheduler here is driven by the test itself (``run_once``), on the test's thread: no server. The tests of the
+order of events prepare and finish requests inline (``host_threads=False``: every event at a known boundary); the
+comparison with the stock pipeline and the tests at the end run with the preparing and finishing threads.
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ FAMILIES = ("pixart", "sana", "sd3", "flux", "wan")
 #: The smallest size each tiny family takes (Sana: multiples of 32, Wan: 16 and 5 frames).
 SIZES = {"pixart": (64, 64), "sana": (64, 64), "sd3": (64, 64), "flux": (64, 64), "wan": (32, 32)}
 OTHER_SIZE = {"pixart": (64, 128), "flux": (64, 128)}
+
+
+@pytest.fixture(autouse=True)
+def keep_switch_interval():
+    """Schedulers with host threads set the interpreter's switch interval; the tests that do not close theirs must
+    not leave it changed for the next tests."""
+    import sys
+
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +106,7 @@ def test_a_requests_image_does_not_depend_on_what_joins_or_leaves_its_batch(pipe
     count_key = "num_videos_per_prompt" if family == "wan" else "num_images_per_prompt"
     negative = None if family == "flux" else "blurry"
     fox = StepRequest(call(pipe, family, "a red fox", steps=3, guidance=3.0, negative=negative), seed=7)
-    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
     reference = alone(scheduler, fox)
     lighthouse = scheduler.submit(StepRequest(call(pipe, family, "a lighthouse", steps=5), seed=3))
     scheduler.run_once()  # the lighthouse is one step ahead when the fox joins
@@ -114,7 +127,7 @@ def test_a_requests_image_does_not_depend_on_what_joins_or_leaves_its_batch(pipe
 # -------------------------------------------------------------------------------------------------------
 def test_requests_join_at_step_boundaries_leave_when_done_and_the_loop_idles(pipes):
     pipe = pipes["pixart"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
     assert not scheduler.has_work() and scheduler.run_once() is False and scheduler.stats.steps == 0
     first = scheduler.submit(StepRequest(call(pipe, "pixart", "a fox", steps=3), seed=1))
     assert scheduler.waiting() == 1 and first.state == "waiting"
@@ -139,7 +152,7 @@ def test_requests_join_at_step_boundaries_leave_when_done_and_the_loop_idles(pip
 def test_sizes_take_turns_by_the_policy(pipes, policy, expected):
     pipe = pipes["pixart"]
     stepped = []
-    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS, policy=policy))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS, policy=policy))
     a = scheduler.submit(StepRequest(call(pipe, "pixart", "a fox", steps=2), seed=1))
     b = scheduler.submit(StepRequest(call(pipe, "pixart", "a boat", steps=3, size=OTHER_SIZE["pixart"]), seed=2))
     names = {a.key: "a", b.key: "b"}
@@ -153,7 +166,7 @@ def test_sizes_take_turns_by_the_policy(pipes, policy, expected):
 
 def test_a_waiting_request_can_be_cancelled_a_running_one_cannot(pipes):
     pipe = pipes["flux"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=1))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=1))
     running = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=2), seed=1))
     scheduler.run_once()
     waiting = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=2), seed=2))
@@ -166,7 +179,7 @@ def test_a_waiting_request_can_be_cancelled_a_running_one_cannot(pipes):
 
 def test_a_request_that_does_not_fit_is_not_overtaken(pipes):
     pipe = pipes["flux"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=2))
     one = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=2), seed=1))
     scheduler.run_once()
     two = scheduler.submit(StepRequest({**call(pipe, "flux", "a pair", steps=2), "num_images_per_prompt": 2}, seed=2))
@@ -180,7 +193,7 @@ def test_a_request_that_does_not_fit_is_not_overtaken(pipes):
 
 def test_failures_fail_their_request_or_their_batch_and_the_scheduler_goes_on(pipes, monkeypatch):
     pipe = pipes["flux"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
 
     def fail_after(steps):
         if steps == 1:
@@ -209,7 +222,7 @@ def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeyp
 
     monkeypatch.setattr(scheduler_module, "IDLE_BATCHES", 1)
     pipe = pipes["flux"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=2))
     small = StepRequest(call(pipe, "flux", "a fox"), seed=1)
     first = alone(scheduler, small)
     alone(scheduler, StepRequest(call(pipe, "flux", "a fox", size=OTHER_SIZE["flux"]), seed=1))
@@ -243,7 +256,7 @@ def test_the_host_runs_at_most_one_step_ahead_of_the_device():
 # -------------------------------------------------------------------------------------------------------
 def test_calls_the_step_scheduler_cannot_run_are_refused_before_they_queue(pipes):
     pipe = pipes["pixart"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=2))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=2))
     base = call(pipe, "pixart", "a fox")
     cases = {"latents": {**base, "latents": torch.zeros(1, 4, 8, 8)}, "callback": {**base, "callback": print},
              "a list of prompts": {**base, "prompt": ["a", "b"]}, "n": {**base, "num_images_per_prompt": 3},
@@ -273,7 +286,7 @@ def test_pipelines_without_a_loop_or_with_a_step_cache_are_refused(pipes):
 
 def test_a_closed_scheduler_fails_waiting_and_running_requests(pipes):
     pipe = pipes["flux"]
-    scheduler = StepScheduler(pipe, StepConfig(rows=1))
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=1))
     running = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=3), seed=1))
     scheduler.run_once()
     waiting = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=3), seed=2))
@@ -283,3 +296,132 @@ def test_a_closed_scheduler_fails_waiting_and_running_requests(pipes):
     assert not scheduler.has_work()
     with pytest.raises(StepError, match="stopping for the test"):
         scheduler.submit(StepRequest(call(pipe, "flux", "a fox"), seed=1))
+
+
+# -------------------------------------------------------------------------------------------------------
+# the preparing and finishing threads (host_threads, the default)
+# -------------------------------------------------------------------------------------------------------
+def test_with_host_threads_every_image_equals_the_request_alone_whatever_the_timing(pipes):
+    """Requests submitted from another thread while a thread runs the boundaries (prepared on arrival, finished off
+    the loop): each image bitwise equal to the same request alone through an inline scheduler."""
+    import threading
+    import time
+
+    pipe = pipes["pixart"]
+    requests = [StepRequest(call(pipe, "pixart", prompt, steps=steps, guidance=guidance), seed=seed)
+                for prompt, steps, guidance, seed in (("a fox", 3, 4.5, 1), ("a boat", 2, 2.0, 2), ("ramen", 4, 6.0, 3),
+                                                      ("a tree", 2, 4.5, 4), ("a lighthouse", 3, 3.0, 5))]
+    inline = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
+    references = [alone(inline, request) for request in requests]
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    tickets = [scheduler.submit(request) for request in requests[:3]]
+    for ticket in tickets:
+        ticket.prepared.result(timeout=60)  # prepared on arrival, before any boundary: the first three join at once
+    stop = threading.Event()
+    runner = threading.Thread(target=scheduler.run, args=(stop, 0.01))
+    runner.start()
+    try:
+        for request in requests[3:]:  # these join whenever their preparation is done
+            time.sleep(0.01)
+            tickets.append(scheduler.submit(request))
+        results = [t.future.result(timeout=60) for t in tickets]
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+        scheduler.close()
+    assert all(np.array_equal(np.asarray(r.images[0]), ref) for r, ref in zip(results, references))
+    snapshot = scheduler.snapshot()
+    assert snapshot["requests"]["finished"] == len(requests) and snapshot["prepare_s"]["count"] == len(requests)
+    assert [r.companions for r in results[:3]] == [ROWS] * 3
+
+
+def test_rows_get_a_copy_of_one_scheduler_with_the_first_step_index_found_while_preparing(pipes):
+    for family in FAMILIES:
+        scheduler = StepScheduler(pipes[family], StepConfig(host_threads=False, rows=2))
+        loop = scheduler.loop
+        rows = loop.prepare(loop.plan(call(pipes[family], family, "a fox", steps=3)), 1)
+        assert rows[0].scheduler is not loop.scheduler_template and rows[0].scheduler.step_index == 0
+        assert loop.scheduler_template.step_index is None and len(rows[0].timesteps) == 3
+
+
+def test_a_failed_preparation_fails_its_request_only(pipes, monkeypatch):
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    real_prepare = scheduler.loop.prepare
+
+    def prepare(plan, seed):
+        if plan.args["prompt"] == "boom":
+            raise RuntimeError("injected while preparing")
+        return real_prepare(plan, seed)
+
+    monkeypatch.setattr(scheduler.loop, "prepare", prepare)
+    fox = StepRequest(call(pipe, "flux", "a fox", steps=2), seed=1)
+    boom = scheduler.submit(StepRequest(call(pipe, "flux", "boom", steps=2), seed=2))
+    ok = scheduler.submit(fox)
+    scheduler.run_until_idle()
+    scheduler.close()
+    assert isinstance(boom.future.exception(timeout=0), RuntimeError) and boom.state == "failed"
+    reference = alone(StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS)), fox)
+    assert np.array_equal(image(ok), reference)
+
+
+def test_cancel_withdraws_a_waiting_preparation_and_close_fails_what_the_workers_hold(pipes, monkeypatch):
+    import threading
+
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    release = threading.Event()
+    real_prepare, real_decoded = scheduler.loop.prepare, scheduler.loop.decoded
+
+    def slow_prepare(plan, seed):
+        if plan.args["prompt"] == "slow":
+            release.wait(30)
+        return real_prepare(plan, seed)
+
+    def slow_decoded(plan, latents):
+        release.wait(30)
+        return real_decoded(plan, latents)
+
+    monkeypatch.setattr(scheduler.loop, "prepare", slow_prepare)
+    monkeypatch.setattr(scheduler.loop, "decoded", slow_decoded)
+    one, two = (scheduler.submit(StepRequest(call(pipe, "flux", p, steps=s), seed=1)) for p, s in (("a", 1), ("b", 2)))
+    one.prepared.result(timeout=30), two.prepared.result(timeout=30)
+    scheduler.run_once()  # both join and step: the first is done, its decode waits on the finishing thread
+    scheduler.run_once()  # the second is done: its finish is queued behind
+    slow = scheduler.submit(StepRequest(call(pipe, "flux", "slow"), seed=3))  # its preparation waits
+    queued = scheduler.submit(StepRequest(call(pipe, "flux", "queued"), seed=4))
+    assert scheduler.cancel(queued) and queued.prepared.cancelled() and queued.future.cancelled()
+    scheduler.close("closed for the test")
+    release.set()
+    assert isinstance(slow.future.exception(timeout=30), StepError)
+    assert one.future.result(timeout=30).steps == 1  # it was being decoded: answered
+    assert isinstance(two.future.exception(timeout=30), StepError) and "closed for the test" in str(two.future.exception())
+
+
+def test_the_host_threads_set_the_switch_interval_and_close_puts_it_back(pipes):
+    import sys
+
+    before = sys.getswitchinterval()
+    scheduler = StepScheduler(pipes["flux"], StepConfig(rows=2, switch_interval_s=0.002))
+    assert sys.getswitchinterval() == pytest.approx(0.002)
+    scheduler.close()
+    assert sys.getswitchinterval() == pytest.approx(before)
+    StepScheduler(pipes["flux"], StepConfig(host_threads=False, rows=2, switch_interval_s=0.002))
+    assert sys.getswitchinterval() == pytest.approx(before)  # inline: no threads, nothing set
+    with pytest.raises(ValueError, match="switch_interval_s"):
+        StepConfig(switch_interval_s=0)
+
+
+def test_a_request_finished_after_the_workers_stopped_is_answered_not_lost(pipes):
+    """A boundary still running when the host workers stop (close() while the server waits for the boundary) hands its
+    finished requests to a stopped finishing thread: the finish runs where the boundary runs."""
+    pipe = pipes["flux"]
+    fox = StepRequest(call(pipe, "flux", "a fox", steps=1), seed=1)
+    reference = alone(StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS)), fox)
+    scheduler = StepScheduler(pipe, StepConfig(rows=ROWS))
+    alone(scheduler, StepRequest(call(pipe, "flux", "a boat", steps=1), seed=2))  # its running batch is made
+    ticket = scheduler.submit(fox)
+    ticket.prepared.result(timeout=30)
+    scheduler._host.close()
+    scheduler.run_once()  # its only step, then its finish
+    assert ticket.state == "done" and np.array_equal(image(ticket), reference)

@@ -9,5 +9,5 @@
 - :mod:`.fault_rules`: fault rules (``KIND:PROMPT``) installed through the server's fault seam
   (:mod:`bcg_diffusion.serving.faults`); :mod:`.fault_server`: ``bcg-serve`` started with them.
 - :mod:`.batching_bench`: the request batching benchmark (issue 35); :mod:`.step_bench`: the step batching benchmark
-  (issue 46).
+  (issue 46), :mod:`.step_bench_report` its verdicts and Markdown report.
 """

@@ -112,7 +112,8 @@ def _timing_delta(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str
 def step_batching_during(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
     """What step batching did during the load (``/stats`` ``batching`` of ``--batching step``, end minus start):
     steps, slot occupancy (occupied slots / slots over those steps), active rows per step, the time per step, the
-    wait from arrival to joining a running batch, requests by outcome."""
+    wait from arrival to joining a running batch, the time to prepare and to finish a request, requests by
+    outcome."""
     steps = end["steps"] - start.get("steps", 0)
     occupied = end["occupied_rows"] - start.get("occupied_rows", 0)
     requests = {k: v - (start.get("requests") or {}).get(k, 0) for k, v in end["requests"].items()}
@@ -122,6 +123,7 @@ def step_batching_during(start: dict[str, Any], end: dict[str, Any]) -> dict[str
             "active_rows_per_step": _histogram_delta(end["active_rows_per_step"], start.get("active_rows_per_step", {})),
             "step_s": _timing_delta(end["step_s"], start.get("step_s")),
             "wait_s": _timing_delta(end["queue_wait_s"], start.get("queue_wait_s")),
+            **{name: _timing_delta(end[name], start.get(name)) for name in ("prepare_s", "finish_s") if name in end},
             "requests": requests, "batches": steps, "batched_requests": requests.get("finished", 0),
             "mean_requests_per_batch": None}
 

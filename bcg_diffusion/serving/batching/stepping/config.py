@@ -41,14 +41,29 @@ class StepConfig:
     - ``policy``: which running batch takes the next step when several sizes (or adapters) have work:
       ``round_robin`` (each in turn, one step each) or ``oldest_first`` (the batch holding the oldest request,
       waiting or running).
+    - ``host_threads``: each request prepared (encoded, its latents drawn, its schedulers set) on a preparing thread
+      as soon as it is submitted, and finished (decoded, postprocessed, answered) on a finishing thread, so the thread
+      that runs the step boundaries never waits for them and the device always has the next step queued
+      (:mod:`.host_work`; the same kernels on the same stream: the images are bitwise the same). ``False``: both run
+      inline on that thread, when the request joins and when its last step is done (every event at a known
+      boundary: what the tests of the order of events use).
+    - ``switch_interval_s``: with ``host_threads``, the interpreter's thread switch interval while the threads exist
+      (``sys.setswitchinterval``, process-wide; put back when the scheduler closes, unless changed meanwhile). The
+      boundaries' thread releases the interpreter lock at every graph replay and device wait; a busy worker keeps it
+      until the interval ends, so this bounds how long the next step's launches wait after each (Python's default is
+      5 ms). ``None``: left as it is.
     """
 
     rows: int = 8
     encode_rows: int = 1
     decode_rows: int = 1
     policy: str = "round_robin"
+    host_threads: bool = True
+    switch_interval_s: float | None = 0.001
 
     def __post_init__(self):
+        if self.switch_interval_s is not None and not 0 < self.switch_interval_s <= 1:
+            raise ValueError(f"switch_interval_s must be in (0, 1] seconds or None (got {self.switch_interval_s})")
         if min(self.rows, self.encode_rows, self.decode_rows) < 1:
             raise ValueError(f"rows, encode_rows and decode_rows must be >= 1 (got {self})")
         if self.policy not in POLICIES:

@@ -20,6 +20,7 @@ a request's images do not depend on what joined or left its batch (the reproduci
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -29,7 +30,7 @@ import bcg_pipelines as pipelines
 from .config import FILLER_PROMPT, FILLER_SEED, StepConfig, StepError, row_seeds
 from .rows import Plan, Row, RunningBatch
 
-__all__ = ["DevicePacer", "FamilyLoop", "call_defaults", "check_servable"]
+__all__ = ["DevicePacer", "FamilyLoop", "call_defaults", "check_servable", "prime_step_index"]
 
 #: Call keys every loop honours: the prompt, the step count, the output type; ``return_dict`` has no effect here.
 COMMON_KEYS = frozenset({"prompt", "num_inference_steps", "output_type", "return_dict"})
@@ -75,6 +76,15 @@ def _cuda_event(device: torch.device):
     return event
 
 
+def prime_step_index(scheduler, timesteps: torch.Tensor) -> None:
+    """Find the scheduler's step index now, with the timestep its first ``step`` gets and the scheduler's own lookup
+    (diffusers' ``_init_step_index``, which reads the device with ``.item()``): while the request is prepared rather
+    than inside a step boundary. The same index as the first step would find; nothing for a scheduler without it."""
+    init = getattr(scheduler, "_init_step_index", None)
+    if init is not None and getattr(scheduler, "step_index", 0) is None and len(timesteps):
+        init(timesteps[0])
+
+
 class DevicePacer:
     """Keeps the host at most ``ahead`` steps ahead of the device: :meth:`queued` after each step records an event
     on the device's stream (``make_event``; CUDA events on a CUDA device, nothing elsewhere, where every call is
@@ -115,6 +125,8 @@ class FamilyLoop:
         self.device = pipe._execution_device
         self.generator_device = "cuda" if self.device.type == "cuda" else "cpu"
         self.pacer = DevicePacer(self.device)
+        #: Every row's scheduler is a copy of this one, made once from the pipeline's scheduler's config.
+        self.scheduler_template = type(pipe.scheduler).from_config(pipe.scheduler.config)
 
     # -- per request ------------------------------------------------------------------------------------------
     def plan(self, call: dict[str, Any]) -> Plan:
@@ -163,8 +175,9 @@ class FamilyLoop:
         return Row(row.cond, row.uncond, row.latents, guidance=row.guidance, fixed_t=row.timesteps[0])
 
     def _row(self, args, cond, uncond, latents, generator) -> Row:
-        scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
+        scheduler = copy.deepcopy(self.scheduler_template)
         timesteps = self.schedule(scheduler, args, latents)
+        prime_step_index(scheduler, timesteps)
         return Row(cond, uncond, latents, scheduler, timesteps, guidance=self.guidance(args), generator=generator,
                    step_kwargs=self.step_kwargs(scheduler, generator, args))
 

@@ -2,11 +2,18 @@
 
 One :class:`RunningBatch` per key (a family loop's shape key: size, guidance mode, ...) and group (an adapter):
 ``rows`` slots, each holding a request's image or an inert filler row. :meth:`StepScheduler.run_once` is one step
-boundary: the policy picks a batch with work (:data:`~.config.POLICIES`), waiting requests of its key take free
-slots in arrival order (a request of ``n`` images takes ``n`` slots at once; the first that does not fit waits, so
-a large request is not overtaken forever), the batch takes one step (one transformer call over all slots), and
-requests whose last step is done are decoded and answered. With nothing waiting and no row running it does
-nothing (:meth:`StepScheduler.has_work` is false): no device work while idle.
+boundary: the policy picks a batch with work (:data:`~.config.POLICIES`), waiting requests of its key whose
+preparation is done take free slots in arrival order (a request of ``n`` images takes ``n`` slots at once; the first
+that does not fit, or is not prepared yet, stops the rest, so a large request is not overtaken forever), the batch
+takes one step (one transformer call over all slots), and requests whose last step is done leave and are decoded and
+answered. With nothing waiting and no row running it does nothing (:meth:`StepScheduler.has_work` is false): no
+device work while idle.
+
+Host work (:mod:`.host_work`, ``StepConfig.host_threads``): a request is prepared on the preparing thread from the
+moment it is submitted, and finished on the finishing thread, so the thread of the boundaries does not wait for
+either; when no row runs anywhere, a boundary waits for the preparation of the oldest waiting request instead of
+idling. Inline (``host_threads=False``) a request is prepared when it joins and finished after its last step, on
+the thread of the boundaries.
 
 Threads: :meth:`~StepScheduler.submit`, :meth:`~StepScheduler.cancel` and the read-only methods may be called from
 any thread; :meth:`~StepScheduler.run_once` (and :meth:`~StepScheduler.run_until_idle`,
@@ -29,6 +36,7 @@ from typing import Any, Callable, Hashable, Mapping
 import torch
 
 from .config import StepConfig, StepError
+from .host_work import HostWork
 from .loops import loop_for
 from .rows import Plan, Row, RunningBatch
 from .stats import StepStats
@@ -69,7 +77,9 @@ class StepResult:
 
 class StepTicket:
     """A submitted request: ``future`` resolves to its :class:`StepResult` (or its failure; cancelled by
-    :meth:`StepScheduler.cancel`); ``state`` is ``waiting``, ``running``, ``done``, ``failed`` or ``cancelled``."""
+    :meth:`StepScheduler.cancel`); ``state`` is ``waiting``, ``running`` (also while it is finished), ``done``,
+    ``failed`` or ``cancelled``; ``prepared`` the future of its preparation on the preparing thread (its rows and
+    the seconds it took; ``None`` inline)."""
 
     def __init__(self, request: StepRequest, plan: Plan, key: Hashable, arrived: float):
         self.request, self.plan, self.key, self.arrived = request, plan, key, arrived
@@ -80,6 +90,11 @@ class StepTicket:
         self.slots: list[int] = []
         self.steps = 0
         self.companions = 1
+        self.prepared: concurrent.futures.Future | None = None
+
+    def ready(self) -> bool:
+        """Whether it may join now: prepared (inline: always, it is prepared as it joins)."""
+        return self.prepared is None or self.prepared.done()
 
 
 class StepScheduler:
@@ -93,6 +108,7 @@ class StepScheduler:
         self.config = config or StepConfig()
         self.loop = loop_for(pipe, self.config)
         self.stats = StepStats(self.config.rows, self.config.policy)
+        self._host = HostWork(self.config.host_threads, self.config.switch_interval_s)
         self.before_step, self._clock = before_step, clock
         self._cond = threading.Condition()
         self._waiting: dict[Hashable, deque[StepTicket]] = {}
@@ -114,6 +130,7 @@ class StepScheduler:
             self._waiting.setdefault(ticket.key, deque()).append(ticket)
             if ticket.key not in self._order:
                 self._order.append(ticket.key)
+            ticket.prepared = self._host.prepare(self._prepare, ticket)
             self._cond.notify_all()
         self.stats.count("submitted")
         return ticket
@@ -127,6 +144,8 @@ class StepScheduler:
                 return False
             queue.remove(ticket)
             ticket.state = "cancelled"
+        if ticket.prepared is not None:
+            ticket.prepared.cancel()  # a preparation already running ends unused
         ticket.future.cancel()
         self.stats.count("cancelled")
         return True
@@ -172,10 +191,12 @@ class StepScheduler:
         return True
 
     def run_until_idle(self, max_steps: int | None = None) -> int:
-        """:meth:`run_once` until there is nothing to do (or ``max_steps`` boundaries); the boundaries run."""
+        """:meth:`run_once` until there is nothing to do (or ``max_steps`` boundaries), then wait for the finishing
+        thread to answer what finished; the boundaries run."""
         done = 0
         while (max_steps is None or done < max_steps) and self.run_once():
             done += 1
+        self._host.drain()
         return done
 
     def run(self, stop: threading.Event, idle_wait_s: float = 0.1) -> None:
@@ -185,24 +206,30 @@ class StepScheduler:
                 self.wait_for_work(idle_wait_s)
 
     def close(self, reason: str = "the step scheduler is stopping") -> None:
-        """Refuse new requests and fail every waiting and running one with :class:`StepError` (``reason``). Call
-        it once the pipeline's thread no longer runs boundaries."""
+        """Refuse new requests, stop the host workers and fail every waiting, running and finishing one with
+        :class:`StepError` (``reason``; a request being decoded right now is answered). Call it once the pipeline's
+        thread no longer runs boundaries."""
         with self._cond:
             self._closed = reason
             waiting = [t for q in self._waiting.values() for t in q]
             self._waiting.clear()
             self._cond.notify_all()
+        self._host.close()
         self._fail(waiting, StepError(reason))
         for batch in list(self._batches.values()):
             self._fail(batch.owners_active(), StepError(reason), batch)
 
     # -- one boundary -----------------------------------------------------------------------------------------
     def _choose(self) -> Hashable | None:
-        """The key whose batch takes this boundary, by the policy; ``None`` when no batch has work."""
+        """The key whose batch takes this boundary, by the policy; ``None`` when no batch has work. A key has work
+        when a row of it runs or its first waiting request is prepared; when none has but requests wait (no row runs
+        anywhere), the key of the oldest waiting request (its boundary waits for that preparation)."""
         with self._cond:
-            ready = [k for k in self._order if self._waiting.get(k) or (k in self._batches and self._batches[k].active())]
+            ready = [k for k in self._order if (self._waiting.get(k) and self._waiting[k][0].ready())
+                     or (k in self._batches and self._batches[k].active())]
             if not ready:
-                return None
+                waiting = [k for k in self._order if self._waiting.get(k)]
+                return min(waiting, key=self._oldest) if waiting else None
             if self.config.policy == "oldest_first":
                 return min(ready, key=self._oldest)
             count = len(self._order)
@@ -232,7 +259,8 @@ class StepScheduler:
             if head is None:
                 return None
             try:
-                batch = RunningBatch(key, key[1], self.config.rows, self.loop.filler(head.plan))
+                filler = self._host.on_preparer(self.loop.filler, head.plan)
+                batch = RunningBatch(key, key[1], self.config.rows, filler)
             except BaseException as exc:  # noqa: BLE001 - the request whose plan it was fails; the rest may
                 with self._cond:
                     if head in queue:
@@ -253,27 +281,50 @@ class StepScheduler:
                 self._order.remove(key)
 
     def _admit(self, batch: RunningBatch) -> list[StepTicket]:
-        """Waiting requests of the batch's key that fit its free slots, in arrival order (the first that does not
-        fit stops the rest), prepared and joined; those that joined."""
-        taken, free = [], batch.free()
-        with self._cond:
-            queue = self._waiting.get(batch.key)
-            while queue and queue[0].plan.n <= free:
-                ticket = queue.popleft()
-                ticket.state, free = "running", free - ticket.plan.n
-                taken.append(ticket)
-        return [ticket for ticket in taken if self._start(batch, ticket)]
+        """Waiting requests of the batch's key that are prepared and fit its free slots, in arrival order (the first
+        that does not fit or is not prepared stops the rest; with no row running anywhere, the first is waited for),
+        joined; those that joined."""
+        joined = []
+        while (ticket := self._next(batch)) is not None:
+            if self._start(batch, ticket):
+                joined.append(ticket)
+        return joined
+
+    def _next(self, batch: RunningBatch) -> StepTicket | None:
+        """The first waiting request of the batch's key, taken off the queue (``running``), if it fits and is
+        prepared; ``None`` otherwise."""
+        while True:
+            with self._cond:
+                queue = self._waiting.get(batch.key)
+                head = queue[0] if queue else None
+            if head is None or head.plan.n > batch.free():
+                return None
+            if not head.ready() and self.running_rows() == 0:
+                concurrent.futures.wait([head.prepared])
+            if not head.ready():
+                return None
+            with self._cond:
+                if queue and queue[0] is head:  # not cancelled meanwhile
+                    queue.popleft()
+                    head.state = "running"
+                    return head
+
+    def _prepare(self, ticket: StepTicket) -> tuple[list[Row], float]:
+        """The request's rows and the seconds they took (on the preparing thread, or inline as it joins)."""
+        started = self._clock()
+        rows = self.loop.prepare(ticket.plan, ticket.request.seed)
+        return rows, self._clock() - started
 
     def _start(self, batch: RunningBatch, ticket: StepTicket) -> bool:
-        started = self._clock()
+        joined = self._clock()
         try:
-            rows = self.loop.prepare(ticket.plan, ticket.request.seed)
+            rows, prepare_s = self._prepare(ticket) if ticket.prepared is None else ticket.prepared.result()
         except BaseException as exc:  # noqa: BLE001 - this request fails, the batch goes on
             self._fail([ticket], exc)
             return False
-        ticket.admitted, ticket.rows = started, rows
+        ticket.admitted, ticket.rows = joined, rows
         ticket.slots = batch.join(rows, ticket)
-        self.stats.admitted(started - ticket.arrived, self._clock() - started)
+        self.stats.admitted(joined - ticket.arrived, prepare_s)
         return True
 
     def _step(self, batch: RunningBatch, admitted: list[StepTicket]) -> None:
@@ -303,12 +354,16 @@ class StepScheduler:
                     self._fail([ticket], exc, batch)
         done = [t for t in owners if t.state == "running" and all(row.done for row in t.rows)]
         if done:
-            self._finish(batch, done)
+            batch.leave([slot for t in done for slot in t.slots])
+            self._host.finish(self._finish, done)
 
-    def _finish(self, batch: RunningBatch, tickets: list[StepTicket]) -> None:
-        """Free the slots of ``tickets`` (their last step is done), decode their images ``decode_rows`` at a time
-        (requests finishing together share decode calls) and answer them."""
-        batch.leave([slot for t in tickets for slot in t.slots])
+    def _finish(self, tickets: list[StepTicket]) -> None:
+        """Decode the images of ``tickets`` (their last step is done, their slots free) ``decode_rows`` at a time
+        (requests finishing together share decode calls) and answer them; on the finishing thread (inline: the
+        boundary's). Once the scheduler is closed, fail them instead."""
+        if self._closed is not None:
+            self._fail(tickets, StepError(self._closed))
+            return
         started = self._clock()
         try:
             decoded = self._decode(tickets)

@@ -1,0 +1,74 @@
+"""The step batching benchmark's plan, without servers: which servers the chosen scenarios need and their options,
+what the time budget skips or shortens, the capacity the open-loop run offers 90 % of, the report's columns."""
+
+from __future__ import annotations
+
+import pytest
+
+from bcg_diffusion.serving.load import step_bench
+from bcg_diffusion.serving.load.step_bench import Budget, build_parser, roles_for, run_scenarios, server_args
+
+
+def parse(*extra: str):
+    return build_parser().parse_args(["--out-dir", "/tmp/unused", *extra])
+
+
+def test_each_rows_has_its_step_server_and_only_the_chosen_scenarios_start_one():
+    args = parse("--eager-check")
+    assert roles_for(["mixed-c8", "s256-c8", "poisson"], args) == ["off", "step", "eager-step"]
+    assert roles_for(["mixed-c8", "mixed-c8-r4"], args) == ["off", "step", "step-r4", "eager-step"]
+    assert "--max-batch 4 --batching step" in server_args("step-r4", args)
+    assert "--max-batch 8 --batching step" in server_args("step", args)
+    assert "--batching" not in server_args("off", args) and "--bcg" not in server_args("eager-step", args)
+    assert roles_for(["mixed-c8-r4"], parse("--max-batch", "4")) == ["off", "step"]  # 4 rows is --max-batch
+
+
+def _fake_summary(rps: float) -> dict:
+    return {"throughput_rps": rps}
+
+
+def test_the_budget_skips_what_no_longer_fits_and_shortens_the_open_loop_run(monkeypatch):
+    ran, offered, now = [], [], [0.0]
+    budget = Budget(100.0, clock=lambda: now[0])
+
+    def run_scenario(name, urls, args, first):
+        ran.append((name, first))
+        now[0] += 40.0 if first else 35.0  # what the runs took
+        return {"scenario": name, "server": step_bench.step_role(step_bench.SCENARIOS[name].rows, args),
+                "summaries": {"step": _fake_summary(10.0 if name == "mixed-c8" else 30.0)}, "checks": []}
+
+    def run_poisson(url, args, capacity, alone_s, duration_s):
+        offered.append((capacity, duration_s))
+        return {"scenario": "poisson", "checks": []}
+
+    monkeypatch.setattr(step_bench, "run_scenario", run_scenario)
+    monkeypatch.setattr(step_bench, "run_poisson", run_poisson)
+    args = parse("--time-limit", "10", "--poisson-s", "60")
+    urls = {"off": "o", "step": "s", "step-r4": "r"}
+    results = run_scenarios(["mixed-c8", "mixed-c8-r4", "s512-c8", "poisson"], urls, args, budget)
+    # the first may cost 4 runs x 14 s = 56 s (took 40), the second 28 s (took 35): both fit; the third (28 s) no
+    # longer fits the 25 s left
+    assert ran == [("mixed-c8", True), ("mixed-c8-r4", False)]
+    assert results[2]["skipped"] and "skipped" in results[2]["checks"][0]["detail"]
+    # the open loop offers 90 % of the best mixed rate of the rows-8 server (not the rows-4 one's 30 req/s), for
+    # what the budget has left (not its 60 s)
+    assert offered == [(10.0, 25.0 - 2 * step_bench.DRAIN_S)]
+
+
+def test_the_report_names_rows_occupancy_wait_and_step_time():
+    timing = {"mean": 0.015}
+    step = {"ok": 8, "requests": 8, "throughput_rps": 15.8, "latency_s": {"p50": 0.47, "p99": 0.5},
+            "batching": {"max_batch": 4, "occupancy": 0.9, "mean_rows_per_step": 3.6, "step_s": timing,
+                         "wait_s": {"mean": 0.04}, "prepare_s": {"mean": 0.02}, "finish_s": {"mean": 0.01}}}
+    results = [{"scenario": "mixed-c8-r4", "rows": 4, "summaries": {"step": step}, "checks": [],
+                "ratio": {"throughput_ratio": 2.0, "p99_ratio": 0.5}},
+               {"scenario": "poisson", "rate": 9.0, "duration_s": 60, "p99_over_alone": 1.5, "checks": []}]
+    text = step_bench.markdown(results, parse(), {"total_s": 360, "used_s": 300})
+    assert "| mixed-c8-r4 | step | 4 | 8/8 | 15.80 | 0.470 | 0.500 | 0.90 | 3.60 | 15.0 | 40.0 | 20.0 | 10.0 |" in text
+    assert "(step server rows 4): throughput step/off 2.00x" in text and "p99 / a request alone 1.50x" in text
+    assert "Time budget 360 s, used 300 s" in text
+
+
+def test_an_unknown_scenario_is_refused():
+    with pytest.raises(SystemExit):
+        step_bench.main(["--out-dir", "/tmp/unused", "--scenarios", "mixed-c99"])
