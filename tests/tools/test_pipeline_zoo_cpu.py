@@ -214,3 +214,16 @@ def test_report_totals_against_the_targets():
     assert totals["built_and_ran"] == 3 and totals["built_and_ran_share"] == 0.6
     assert totals["wrong_outputs"] == 1 and totals["crashes"] == 1
     assert totals["replayed"] == 2 and totals["replayed_share_of_ran"] == round(2 / 3, 4)
+
+
+@pytest.mark.parametrize("name", ["LucyEditPipeline", "VQDiffusionPipeline"])
+def test_cases_that_crashed_in_bfloat16_run_in_it(name):
+    # the H100 probe of 2026-12-07: Lucy fed its float32 video to a bf16 VAE, VQ-Diffusion's numpy output has no bf16
+    case = pipeline_zoo.get_case(name)
+    pipe = pipeline_zoo.build(case, "cpu", torch.bfloat16)
+    out = pipe(**pipeline_zoo.call_kwargs(case, pipe), generator=torch.Generator().manual_seed(0))
+    assert pipeline_calls.output_tensors(out)
+    if name == "LucyEditPipeline":
+        assert pipe.transformer.dtype == torch.bfloat16 and pipe.vae.dtype == torch.float32
+    else:
+        assert case.dtype == torch.float32 and pipe.transformer.dtype == torch.float32
