@@ -227,3 +227,21 @@ def test_cases_that_crashed_in_bfloat16_run_in_it(name):
         assert pipe.transformer.dtype == torch.bfloat16 and pipe.vae.dtype == torch.float32
     else:
         assert case.dtype == torch.float32 and pipe.transformer.dtype == torch.float32
+
+
+def test_a_difference_the_eager_twin_makes_itself_is_no_verdict(monkeypatch):
+    # NucleusMoE on the H100: one call of five differed, while the twin repeated only the first call; a differing call
+    # is now made again on the twin, and only a difference the twin does not make itself is a wrong output
+    outputs = iter([[("out", torch.zeros(2))], [("out", torch.ones(2))]])  # the accelerated call, the twin again
+    monkeypatch.setattr(pipeline_calls, "run_call", lambda pipe, call, seed: next(outputs))
+    monkeypatch.setattr(pipeline_calls, "counters", lambda pipe: dict.fromkeys(pipeline_calls._COUNTERS, 0))
+    references = {"2 outputs": [("out", torch.full((2,), 0.5))]}
+    call = pipeline_calls._compared_call(object(), object(), references, ("2 outputs", {"prompt": "a"}, 4, ""))
+    assert call.bitwise is False and call.eager_repeats is False and "does not repeat this call" in call.note
+
+    result = pipeline_calls.ClassResult("NucleusMoEImagePipeline", eager_repeatable=True,
+                                        calls=[pipeline_calls.CallResult("seed 1", True), call])
+    status, reason = pipeline_calls.classify(result)
+    assert status == "unrepeatable" and "2 outputs" in reason and "--deterministic" in reason
+    call.eager_repeats = True  # the twin repeats what the replay got wrong: a wrong output
+    assert pipeline_calls.classify(result)[0] == "mismatch"
