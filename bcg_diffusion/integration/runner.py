@@ -205,12 +205,13 @@ class GraphRunner:
         """A call of a key not captured yet: it runs eagerly (the real call: its result is returned),
         warming lazy initialisation and compiled code, and records the attention output layouts the
         capture at the key's next call allocates from. A call that changes its own inputs (an input
-        object it writes to, a host tensor) is never captured: its key runs eagerly."""
+        object it writes to, a host tensor) or returns an object its forward made is never captured:
+        its key runs eagerly, with one warning that says why (:meth:`~.keys.Call.refusal`)."""
         self.counts.warmup_calls += 1
         out = slot.warm_up(call.run)
-        changed = call.changes()
-        if changed is not None:
-            slot.refused = f"the call changes its own inputs ({changed}), so it cannot be replayed"
+        slot.refused = call.refusal(out)
+        if slot.refused is not None:
+            self._warn(f"bcg: {type(self.module).__name__}: {slot.refused}")
         return out
 
     def _warn_grad_mode_twin(self, key: GraphKey) -> None:

@@ -279,6 +279,8 @@ def probe_class(case, settings: Settings) -> ClassResult:
         finally:
             _release(pipes, result)
     result.eager_reasons = heard.eager_reasons
+    if result.status in ("partial", "eager") and not result.reason:  # the runner's reasons, complete now
+        result.status, result.reason = classify(result)
     result.seconds = round(time.perf_counter() - start, 3)
     del pipes
     gc.collect()
