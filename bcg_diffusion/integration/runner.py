@@ -35,6 +35,7 @@ from ..core.tree import tree_map
 from .breaks.installed import InstalledBreaks
 from .entries import Captures, warn_once
 from .entry_kinds import GraphEntry, ModuleModeEntry
+from .device_inputs import move_device_inputs
 from .events import RunnerEvents
 from ..families import TransformerInfo
 from .graph_cache import GraphCache
@@ -122,6 +123,7 @@ class GraphRunner:
     def _call(self, level: int, args: tuple, kwargs: dict) -> Any:
         self.watch.follow()  # parallelism, forward chain and structure: a change drops the graphs
         kwargs = pad_text_to_bucket(self.info, self.config.text_buckets, kwargs)
+        kwargs = move_device_inputs(self.info, kwargs, self.device_type)
         call = Call.read(self.watch.forward_for(level), args, kwargs, self.device_type)
         if call.unkeyed is not None:
             self.events.planned_eager(call.unkeyed, call.args, call.kwargs)

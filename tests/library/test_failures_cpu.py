@@ -463,3 +463,21 @@ def test_debug_mode_narrows_a_failed_capture_as_a_real_capture_does():
     assert stats.hits == 3 and stats.failed_captures == 0 and stats.entries[0].eager_modules == ("blocks.1",), str(stats)
     messages = [str(w.message) for w in caught if issubclass(w.category, bcg.BCGCaptureWarning)]
     assert len(messages) == 1 and "failed in blocks.1 (HostReadBlock)" in messages[0], messages
+
+
+def test_inputs_the_forward_moves_to_the_device_are_moved_before_keying():
+    from bcg_diffusion.families import KNOWN_TRANSFORMERS, TransformerInfo
+    from bcg_diffusion.integration.device_inputs import move_device_inputs
+
+    info = KNOWN_TRANSFORMERS["LuminaNextDiT2DModel"]  # LuminaPipeline's rotary table: 384 x 384 on the CPU
+    table = torch.randn(384 * 384 * 4)
+    kwargs = {"hidden_states": torch.empty(1, 4, device="meta"), "image_rotary_emb": table, "steps": torch.arange(2)}
+    moved = move_device_inputs(info, kwargs, "meta")
+    assert moved["image_rotary_emb"].device.type == "meta" and moved["image_rotary_emb"].shape == table.shape
+    assert moved["steps"] is kwargs["steps"] and kwargs["image_rotary_emb"] is table  # only the named, not in place
+    fields, tensors = flatten_inputs((), moved, device_type="meta")
+    assert len(tensors) == 2  # keyed, no longer uncacheable
+    with pytest.raises(UncacheableInput, match="image_rotary_emb is a cpu tensor"):
+        flatten_inputs((), kwargs, device_type="meta")
+    assert move_device_inputs(TransformerInfo(), kwargs, "meta") is kwargs
+    assert move_device_inputs(info, {"image_rotary_emb": table}, "meta")["image_rotary_emb"] is table  # no device
