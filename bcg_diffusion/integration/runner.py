@@ -127,6 +127,8 @@ class GraphRunner:
         call = Call.read(self.watch.forward_for(level), args, kwargs, self.device_type)
         if call.unkeyed is not None:
             self.events.planned_eager(call.unkeyed, call.args, call.kwargs)
+            if call.unkeyed.startswith("uncacheable input"):  # the caller can change it: one warning says how
+                self._warn(f"bcg: {type(self.module).__name__} runs eagerly: {call.unkeyed}")
             return self._eager(call, call.unkeyed)
         self._follow_stream()
         keyed = time.perf_counter()
