@@ -245,3 +245,18 @@ def test_a_difference_the_eager_twin_makes_itself_is_no_verdict(monkeypatch):
     assert status == "unrepeatable" and "2 outputs" in reason and "--deterministic" in reason
     call.eager_repeats = True  # the twin repeats what the replay got wrong: a wrong output
     assert pipeline_calls.classify(result)[0] == "mismatch"
+
+
+@pytest.mark.parametrize("name, why", [("Flux2KleinKVPipeline", "returns a Flux2KVCache object"),
+                                       ("QwenImage21Pipeline", "changes its own input kv_cache.layer_caches[0].k")])
+def test_kv_cache_pipelines_in_debug_mode_replay_the_cached_steps_and_warn_once(name, why):
+    """A new KV-cache object per pipeline call: the step that fills it runs eagerly (one warning says why), the steps
+    that read it are served by the runner across objects (H100, 2026-12-07: Klein KV crashed at its third call,
+    Qwen-Image 2.1 made a new key every call)."""
+    settings = pipeline_calls.Settings(torch.device("cpu"), torch.float32, debug=True)
+    result = pipeline_calls.probe_class(pipeline_zoo.get_case(name), settings)
+    assert result.status == "partial" and why in result.reason, (result.status, result.error, result.reason)
+    assert all(c.bitwise for c in result.calls), [(c.label, c.max_diff) for c in result.calls]
+    later = [c for c in result.calls if c.label in ("seed 2", "seed 3", "callback")]  # two outputs: new keys
+    assert all(c.counters["hits"] > 0 for c in later), [(c.label, c.counters) for c in result.calls]
+    assert [c.label for c in result.calls if why in c.note] == ["seed 1"]
