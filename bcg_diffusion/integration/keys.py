@@ -148,6 +148,9 @@ def _add_leaf(path: str, leaf: Any, device_type: str | None, fields: list, tenso
         tensors.append(leaf)
     elif isinstance(leaf, _HASHABLE_LEAVES):
         fields.append((path, leaf))
+    elif inside_object and is_plain_object(leaf):  # an object a capture could not copy with its tensors
+        raise UncacheableInput(f"{path} is a {type(leaf).__name__} object whose class takes arguments to be made, "
+                               "so a capture cannot copy it")
     elif inside_object:
         fields.append((path, Opaque(type(leaf).__qualname__, id(leaf))))
     else:

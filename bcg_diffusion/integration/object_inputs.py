@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["OBJECT_DEPTH", "OBJECT_ITEMS", "ObjectLayout", "Opaque", "copy_with", "is_plain_object", "object_leaves",
-           "witness"]
+__all__ = ["OBJECT_DEPTH", "OBJECT_ITEMS", "ObjectLayout", "Opaque", "copy_with", "copyable", "is_plain_object",
+           "object_leaves", "witness"]
 
 #: Levels of nesting below an input object that are keyed by value; deeper containers are :class:`Opaque`.
 OBJECT_DEPTH = 4
@@ -61,6 +61,12 @@ def is_plain_object(value: Any) -> bool:
             and not callable(value))
 
 
+def copyable(value: Any) -> bool:
+    """Whether :func:`copy_with` can copy the plain object ``value``: its class makes instances with
+    ``object.__new__`` (no arguments), so a copy is an empty instance with its ``__dict__`` filled."""
+    return type(value).__new__ is object.__new__
+
+
 def _class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -75,7 +81,7 @@ def _children(value: Any, depth: int) -> tuple[Any, list[tuple[str, Any]]] | Non
         if isinstance(value, dict):
             return ("dict", tuple(repr(k) for k in value)), [(f"[{k!r}]", v) for k, v in value.items()]
         return (type(value).__name__, len(value)), [(f"[{i}]", v) for i, v in enumerate(value)]
-    if is_plain_object(value):
+    if is_plain_object(value) and copyable(value):
         names = tuple(vars(value))
         return ObjectLayout(_class_name(type(value)), names), [(f".{n}", getattr(value, n)) for n in names]
     return None

@@ -481,3 +481,19 @@ def test_inputs_the_forward_moves_to_the_device_are_moved_before_keying():
         flatten_inputs((), kwargs, device_type="meta")
     assert move_device_inputs(TransformerInfo(), kwargs, "meta") is kwargs
     assert move_device_inputs(info, {"image_rotary_emb": table}, "meta")["image_rotary_emb"] is table  # no device
+
+
+def test_an_object_a_capture_could_not_copy_is_uncacheable():
+    class Made:
+        def __new__(cls, size):  # takes arguments: no empty instance to fill
+            made = super().__new__(cls)
+            made.k = torch.zeros(size)
+            return made
+
+    class Holder:
+        def __init__(self):
+            self.inner = Made(2)
+
+    for value, path in ((Made(2), "kv"), (Holder(), "kv.inner")):
+        with pytest.raises(UncacheableInput, match=f"{path} is a Made object whose class takes arguments"):
+            flatten_inputs((), {"kv": value}, device_type="cpu")
