@@ -30,12 +30,16 @@ class TransformerInfo:
             the text by its effective length): their per-row token counts become part of the key.
         eager_functions: module-level functions of the transformer's module that run as eager
             breaks (they build tensors on the host inside ``forward``).
+        device_inputs: host tensor inputs that ``forward`` moves onto the device before any use
+            (Lumina-Next's rotary table, built on the CPU by its pipeline every step): the runner
+            moves them first, the same copy, so that the call can be keyed and captured.
     """
 
     text_kwarg: str | None = None
     text_mask_kwarg: str | None = None
     value_keyed: tuple[str, ...] = ()
     eager_functions: tuple[str, ...] = ()
+    device_inputs: tuple[str, ...] = ()
 
 
 #: The transformer classes the library knows something particular about, and what. Every other diffusers model
@@ -50,6 +54,9 @@ KNOWN_TRANSFORMERS: dict[str, TransformerInfo] = {
         eager_functions=("compute_text_seq_len_from_mask",),
     ),
     "Lumina2Transformer2DModel": TransformerInfo(value_keyed=("encoder_attention_mask",)),
+    # LuminaPipeline passes a CPU rotary table of 384 x 384 positions; LuminaPatchEmbed.forward moves it onto the
+    # hidden states' device as its first step (diffusers 0.42.1)
+    "LuminaNextDiT2DModel": TransformerInfo(device_inputs=("image_rotary_emb",)),
 }
 
 

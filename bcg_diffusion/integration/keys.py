@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.tree import tree_map, walk
+from ..core.tree import node_of, tree_map, walk
+from .object_inputs import ObjectLayout, Opaque, copy_with, is_plain_object, object_leaves, witness
 
 _HASHABLE_LEAVES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
@@ -84,8 +85,6 @@ def _show(value: Any) -> str:
 # CPU tensors up to this many elements among the inputs of a CUDA call are host values (frame
 # indices, grid sizes): their values are part of the key and they are passed as they are.
 HOST_TENSOR_LIMIT = 4096
-_OBJECT_DEPTH = 4
-_OBJECT_ITEMS = 512
 
 
 @dataclass(frozen=True)
@@ -100,52 +99,6 @@ class HostTensor:
         return f"cpu tensor{list(self.shape)} {str(self.dtype).replace('torch.', '')} {self.values[:8]}"
 
 
-@dataclass(frozen=True)
-class ObjectState:
-    """A plain Python object among the inputs (a KV cache, a config object): its identity and the
-    frozen state of its attributes (tensors by address, version and layout)."""
-
-    type_name: str
-    identity: int
-    state: tuple
-
-    def __str__(self) -> str:
-        return f"{self.type_name} object at {self.identity:#x}"
-
-
-def _is_plain_object(value: Any) -> bool:
-    return (
-        hasattr(value, "__dict__")
-        and not isinstance(value, (type, torch.nn.Module, torch.Tensor))
-        and not callable(value)
-    )
-
-
-def _freeze(value: Any, depth: int) -> Any:
-    if isinstance(value, _HASHABLE_LEAVES):
-        return value
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.data_ptr(), value._version, tuple(value.shape), value.stride(), value.dtype, value.device)
-    if depth >= _OBJECT_DEPTH:
-        return ("id", id(value))
-    if isinstance(value, (list, tuple)):
-        if len(value) > _OBJECT_ITEMS:
-            return ("id", id(value), len(value))
-        return (type(value).__name__, tuple(_freeze(v, depth + 1) for v in value))
-    if isinstance(value, dict):
-        if len(value) > _OBJECT_ITEMS:
-            return ("id", id(value), len(value))
-        return ("dict", tuple((repr(k), _freeze(v, depth + 1)) for k, v in value.items()))
-    if _is_plain_object(value):
-        return (type(value).__qualname__, id(value), tuple((k, _freeze(v, depth + 1)) for k, v in vars(value).items()))
-    return ("id", id(value))
-
-
-def object_state(value: Any) -> ObjectState:
-    """The :class:`ObjectState` of a plain object input."""
-    return ObjectState(type(value).__qualname__, id(value), _freeze(value, 0)[2])
-
-
 def flatten_inputs(
     args: tuple, kwargs: dict, device_type: str | None = None
 ) -> tuple[tuple[tuple[str, Any], ...], list[torch.Tensor]]:
@@ -155,8 +108,8 @@ def flatten_inputs(
     Returns the ordered ``(path, spec-or-value)`` fields and the tensors in walk order. With
     ``device_type`` (the runner passes ``"cuda"``), tensors on other devices are host values: up
     to :data:`HOST_TENSOR_LIMIT` elements they are keyed by value (:class:`HostTensor`) and left
-    out of the tensors; plain objects are keyed by identity and state (:class:`ObjectState`).
-    Raises :class:`UncacheableInput` for values that cannot be keyed.
+    out of the tensors; plain objects are keyed by their structure and their tensors read like the
+    others (:mod:`.object_inputs`). Raises :class:`UncacheableInput` for values that cannot be keyed.
     """
     fields: list[tuple[str, Any]] = []
     tensors: list[torch.Tensor] = []
@@ -165,37 +118,68 @@ def flatten_inputs(
         for path, descriptor, leaf in walk(value, root):
             if descriptor is not None:
                 fields.append((path, descriptor))
-            elif isinstance(leaf, torch.Tensor):
-                if type(leaf) is not torch.Tensor and not isinstance(leaf, torch.nn.Parameter):
-                    raise UncacheableInput(f"{path} is a tensor subclass ({type(leaf).__name__})")
-                if device_type is not None and leaf.device.type != device_type:
-                    if leaf.numel() > HOST_TENSOR_LIMIT:
-                        raise UncacheableInput(
-                            f"{path} is a {leaf.device.type} tensor of {leaf.numel()} elements; pass it on the "
-                            f"{device_type} device (host tensors up to {HOST_TENSOR_LIMIT} elements are keyed by value)"
-                        )
-                    fields.append((path, HostTensor(tuple(leaf.shape), leaf.dtype, tuple(leaf.flatten().tolist()))))
-                    continue
-                fields.append((path, TensorSpec(tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)))
-                tensors.append(leaf)
-            elif isinstance(leaf, _HASHABLE_LEAVES):
-                fields.append((path, leaf))
-            elif device_type is not None and _is_plain_object(leaf):
-                fields.append((path, object_state(leaf)))
+            elif device_type is not None and is_plain_object(leaf):
+                for inner, layout, item in object_leaves(leaf, path):
+                    if layout is not None:
+                        fields.append((inner, layout))
+                    else:
+                        _add_leaf(inner, item, device_type, fields, tensors, inside_object=True)
             else:
-                raise UncacheableInput(f"{path} is a {type(leaf).__name__}, which cannot be part of a graph key")
+                _add_leaf(path, leaf, device_type, fields, tensors)
     return tuple(fields), tensors
+
+
+def _add_leaf(path: str, leaf: Any, device_type: str | None, fields: list, tensors: list,
+              inside_object: bool = False) -> None:
+    """The key field of one leaf (and the tensor a capture copies); inside an object, a value that cannot be keyed
+    is keyed by identity (:class:`~.object_inputs.Opaque`)."""
+    if isinstance(leaf, torch.Tensor):
+        if type(leaf) is not torch.Tensor and not isinstance(leaf, torch.nn.Parameter):
+            raise UncacheableInput(f"{path} is a tensor subclass ({type(leaf).__name__})")
+        if device_type is not None and leaf.device.type != device_type:
+            if leaf.numel() > HOST_TENSOR_LIMIT:
+                raise UncacheableInput(
+                    f"{path} is a {leaf.device.type} tensor of {leaf.numel()} elements; pass it on the "
+                    f"{device_type} device (host tensors up to {HOST_TENSOR_LIMIT} elements are keyed by value)"
+                )
+            fields.append((path, HostTensor(tuple(leaf.shape), leaf.dtype, tuple(leaf.flatten().tolist()))))
+            return
+        fields.append((path, TensorSpec(tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)))
+        tensors.append(leaf)
+    elif isinstance(leaf, _HASHABLE_LEAVES):
+        fields.append((path, leaf))
+    elif inside_object and is_plain_object(leaf):  # an object a capture could not copy with its tensors
+        raise UncacheableInput(f"{path} is a {type(leaf).__name__} object whose class takes arguments to be made, "
+                               "so a capture cannot copy it")
+    elif inside_object:
+        fields.append((path, Opaque(type(leaf).__qualname__, id(leaf))))
+    else:
+        raise UncacheableInput(f"{path} is a {type(leaf).__name__}, which cannot be part of a graph key")
 
 
 def rebuild_inputs(args: tuple, kwargs: dict, tensors: list[torch.Tensor], device_type: str | None = None) -> tuple[tuple, dict]:
     """``args``/``kwargs`` with their tensors (those on ``device_type``, if given) replaced, in walk
-    order, by ``tensors``."""
+    order, by ``tensors``; a plain input object (with ``device_type``) is copied with its tensors
+    replaced (:func:`~.object_inputs.copy_with`)."""
     it = iter(tensors)
 
     def is_replaced(value: Any) -> bool:
         return isinstance(value, torch.Tensor) and (device_type is None or value.device.type == device_type)
 
-    return tree_map(lambda _: next(it), (args, kwargs), is_leaf=is_replaced)
+    def replace(value: Any) -> Any:
+        return next(it) if isinstance(value, torch.Tensor) else copy_with(value, lambda _: next(it), is_replaced)
+
+    def is_leaf(value: Any) -> bool:  # an object: a leaf of the walk (not a dataclass, which it descends into)
+        return is_replaced(value) or (device_type is not None and node_of(value) is None and is_plain_object(value))
+
+    return tree_map(replace, (args, kwargs), is_leaf=is_leaf)
+
+
+def input_objects_witness(args: tuple, kwargs: dict) -> tuple:
+    """:func:`~.object_inputs.witness` of every plain object among the inputs (``()`` when there is none)."""
+    named = [(f"args[{i}]", v) for i, v in enumerate(args)] + list(kwargs.items())
+    return tuple(witness(leaf, path) for root, value in named for path, descriptor, leaf in walk(value, root)
+                 if descriptor is None and is_plain_object(leaf))
 
 
 @dataclass
@@ -211,6 +195,7 @@ class Call:
     fields: tuple = ()
     tensors: list[torch.Tensor] = field(default_factory=list)
     unkeyed: str | None = None
+    witness: tuple = ()  # of the input objects (:func:`input_objects_witness`): what a change of them alters
 
     @classmethod
     def read(cls, forward: Callable, args: tuple, kwargs: dict, device_type: str) -> "Call":
@@ -219,7 +204,8 @@ class Call:
         except UncacheableInput as exc:
             return cls(forward, args, kwargs, device_type, unkeyed=f"uncacheable input: {exc}")
         unkeyed = None if tensors else f"no input tensor is on a {device_type.upper()} device"
-        return cls(forward, args, kwargs, device_type, fields, tensors, unkeyed)
+        seen = input_objects_witness(args, kwargs) if any(isinstance(v, ObjectLayout) for _, v in fields) else ()
+        return cls(forward, args, kwargs, device_type, fields, tensors, unkeyed, seen)
 
     def run(self) -> Any:
         return self.forward(*self.args, **self.kwargs)
@@ -231,13 +217,33 @@ class Call:
 
     def changes(self) -> str | None:
         """What running the call changed in its own inputs (an object it writes to, a host tensor),
-        read again now; ``None`` when nothing did (or it has no such inputs)."""
-        if not any(isinstance(v, (ObjectState, HostTensor)) for _, v in self.fields):
+        read again now, as ``"path: what"``; ``None`` when nothing did (or it has no such inputs)."""
+        if not any(isinstance(v, (ObjectLayout, HostTensor)) for _, v in self.fields):
             return None
         after, _ = flatten_inputs(self.args, self.kwargs, device_type=self.device_type)
-        if after == self.fields:
-            return None
-        return GraphKey(after, (), None).difference(GraphKey(self.fields, (), None))
+        if after != self.fields:
+            return GraphKey(after, (), None).difference(GraphKey(self.fields, (), None))
+        now = input_objects_witness(self.args, self.kwargs) if self.witness else ()
+        for old, new in zip((e for w in self.witness for e in w), (e for w in now for e in w)):
+            if old != new:
+                return f"{old[0]}: reassigned or written in place"
+        return None
+
+    def refusal(self, out: Any) -> str | None:
+        """Why a key whose call ran as this one did (returning ``out``) can never be replayed: the call changed
+        its own inputs, or returned an object its forward made on the host, which a replay cannot make again
+        (Flux.2 Klein KV's cache of the reference tokens); ``None`` when neither."""
+        changed = self.changes()  # "path: what changed"; the path alone, so that one reason covers every shape
+        if changed is not None:
+            where = changed.split(":")[0]
+            return f"the call changes its own input {where}, which a replay would not do, so it runs eagerly"
+        made = [(path, leaf) for path, descriptor, leaf in walk(out, "out")
+                if descriptor is None and is_plain_object(leaf)]
+        if made:
+            path, leaf = made[0]
+            return (f"the call returns a {type(leaf).__qualname__} object ({path}) that its forward makes on the "
+                    "host, which a replay cannot make again, so it runs eagerly")
+        return None
 
 
 def _flag(read: Any) -> Any:

@@ -49,7 +49,7 @@ from .breaks import units as unit_calls
 from .entry_kinds import CapturedGraph, EagerFallback, GraphEntry
 from .keys import Call, GraphKey
 from .replays import Replayer
-from .slots import CAPTURE, FALLBACK, WARMUP, Slot
+from .slots import CAPTURE, EAGER, FALLBACK, WARMUP, Slot
 from .static_inputs import static_copy
 
 logger = logging.getLogger("bcg_diffusion")
@@ -198,10 +198,12 @@ class UnitGraphs:
         path = slot.path(self._config.warmup_iters)
         if path == WARMUP:
             self.counters.warmup_calls += 1
-            return slot.warm_up(call.run)
+            out = slot.warm_up(call.run)
+            slot.refused = call.refusal(out)  # it changes its inputs, or returns an object: never captured
+            return out
         if path == CAPTURE:
             path = self._capture_slot(where[0], slot, call)
-        if path == FALLBACK:
+        if path in (FALLBACK, EAGER):
             return self._eager(call)
         return self._replay(where[0], slot, call)
 

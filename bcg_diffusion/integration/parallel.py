@@ -46,7 +46,8 @@ from . import cp_support
 from .breaks import cp_gather
 from .entry_kinds import CapturedGraph, EagerFallback
 from .events import RunnerWatcher
-from .keys import GraphKey, HostTensor, ObjectState, TensorSpec
+from .keys import GraphKey, HostTensor, TensorSpec
+from .object_inputs import ObjectLayout, Opaque
 from .lockstep import RankAbortedError, RankAgreement, RankAgreementError
 
 logger = logging.getLogger("bcg_diffusion")
@@ -255,8 +256,8 @@ def raise_if_peer_aborted() -> None:
 def _plain(value: Any) -> Any:
     if isinstance(value, TensorSpec):
         return ("tensor", value.shape, value.stride, str(value.dtype), value.device.type, value.requires_grad)
-    if isinstance(value, ObjectState):
-        return ("object", value.type_name)  # identity and addresses differ per rank
+    if isinstance(value, (ObjectLayout, Opaque)):
+        return ("object", value.type_name)  # an opaque value's identity differs per rank
     if isinstance(value, HostTensor):
         return ("host", value.shape, str(value.dtype), value.values)
     if isinstance(value, torch.device):

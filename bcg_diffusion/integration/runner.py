@@ -35,6 +35,7 @@ from ..core.tree import tree_map
 from .breaks.installed import InstalledBreaks
 from .entries import Captures, warn_once
 from .entry_kinds import GraphEntry, ModuleModeEntry
+from .device_inputs import move_device_inputs
 from .events import RunnerEvents
 from ..families import TransformerInfo
 from .graph_cache import GraphCache
@@ -122,9 +123,12 @@ class GraphRunner:
     def _call(self, level: int, args: tuple, kwargs: dict) -> Any:
         self.watch.follow()  # parallelism, forward chain and structure: a change drops the graphs
         kwargs = pad_text_to_bucket(self.info, self.config.text_buckets, kwargs)
+        kwargs = move_device_inputs(self.info, kwargs, self.device_type)
         call = Call.read(self.watch.forward_for(level), args, kwargs, self.device_type)
         if call.unkeyed is not None:
             self.events.planned_eager(call.unkeyed, call.args, call.kwargs)
+            if call.unkeyed.startswith("uncacheable input"):  # the caller can change it: one warning says how
+                self._warn(f"bcg: {type(self.module).__name__} runs eagerly: {call.unkeyed}")
             return self._eager(call, call.unkeyed)
         self._follow_stream()
         keyed = time.perf_counter()
@@ -205,12 +209,13 @@ class GraphRunner:
         """A call of a key not captured yet: it runs eagerly (the real call: its result is returned),
         warming lazy initialisation and compiled code, and records the attention output layouts the
         capture at the key's next call allocates from. A call that changes its own inputs (an input
-        object it writes to, a host tensor) is never captured: its key runs eagerly."""
+        object it writes to, a host tensor) or returns an object its forward made is never captured:
+        its key runs eagerly, with one warning that says why (:meth:`~.keys.Call.refusal`)."""
         self.counts.warmup_calls += 1
         out = slot.warm_up(call.run)
-        changed = call.changes()
-        if changed is not None:
-            slot.refused = f"the call changes its own inputs ({changed}), so it cannot be replayed"
+        slot.refused = call.refusal(out)
+        if slot.refused is not None:
+            self._warn(f"bcg: {type(self.module).__name__}: {slot.refused}")
         return out
 
     def _warn_grad_mode_twin(self, key: GraphKey) -> None:

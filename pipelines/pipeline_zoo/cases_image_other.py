@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..zoo import cases_image as zoo_image
 from .case import PipelineCase
 from .media import Media
@@ -207,7 +209,10 @@ CASES: list[PipelineCase] = [
                                                                          mask_image=m.mask(SIZE, SIZE)),
                  group="amused"),
     PipelineCase("VQDiffusionPipeline", _vq_diffusion, lambda m: {"prompt": PROMPT, "output_type": "np"},
-                 group="vq_diffusion", note="discrete diffusion over VQ codes, learned CFG embeddings"),
+                 group="vq_diffusion", dtype=torch.float32,
+                 note="discrete diffusion over VQ codes, learned CFG embeddings; float32: its __call__ turns the "
+                 "decoded image into numpy, which has no bfloat16 (TypeError: Got unsupported ScalarType BFloat16), "
+                 "and has no latent output"),
     PipelineCase("OvisImagePipeline", _ovis, lambda m: _text(guidance_scale=5.0, max_sequence_length=32),
                  group="ovis_image"),
     PipelineCase("HiDreamImagePipeline", _hidream, lambda m: _text(guidance_scale=5.0, max_sequence_length=32),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..registry import get_family
 from .case import PipelineCase
 from .media import Media
@@ -45,6 +47,15 @@ def _chronoedit(parts: Parts) -> dict[str, Any]:
 def _vace(parts: Parts) -> dict[str, Any]:
     # the control video's inactive and reactive latents (2 x 16) and the 8x8 mask per latent (64) as VACE input
     return _wan(parts, "WanVACETransformer3DModel", num_layers=2, vace_layers=[0, 1], vace_in_channels=96)
+
+
+def _lucy(parts: Parts) -> dict[str, Any]:
+    """Lucy Edit: Wan 2.2 with the source video's latents on the channel axis. Its ``__call__`` preprocesses the
+    video to float32 and encodes it with the VAE as it is, so the VAE must be float32 (the model card loads it so);
+    the transformer runs in the case's dtype."""
+    components = _wan(parts, in_channels=32)
+    components["vae"] = torch.nn.Module.to(components["vae"], dtype=torch.float32)
+    return components
 
 
 def _animate(parts: Parts) -> dict[str, Any]:
@@ -94,9 +105,9 @@ CASES: list[PipelineCase] = [
                  note="control video, per-frame masks and a reference image through the VACE blocks"),
     PipelineCase("WanAnimatePipeline", _animate, _animate_call, steps=2,
                  note="reference image, pose video and face video (motion and face encoders) in one segment"),
-    PipelineCase("LucyEditPipeline", lambda p: _wan(p, in_channels=32),
-                 lambda m: _text(m, video=m.video(FRAMES, SIZE, SIZE)),
-                 note="the source video's latents concatenated on channels"),
+    PipelineCase("LucyEditPipeline", _lucy, lambda m: _text(m, video=m.video(FRAMES, SIZE, SIZE)),
+                 note="the source video's latents concatenated on channels; the VAE in float32, as Lucy's own "
+                 "example loads it (the pipeline hands the VAE a float32 video whatever its dtype)"),
     PipelineCase("ChronoEditPipeline", _chronoedit, lambda m: _text(m, image=m.image(SIZE, SIZE)),
                  note="image edit as a 2-frame video"),
 ]

@@ -30,7 +30,8 @@ from bcg_diffusion.integration import cp_support, parallel
 from bcg_diffusion.integration.breaks import cp_gather
 from bcg_diffusion.integration.entry_kinds import CapturedGraph, EagerFallback
 from bcg_diffusion.integration.events import RunnerEvents, RunnerWatcher
-from bcg_diffusion.integration.keys import GraphKey, HostTensor, ObjectState, TensorSpec
+from bcg_diffusion.integration.keys import GraphKey, HostTensor, TensorSpec
+from bcg_diffusion.integration.object_inputs import Opaque
 from bcg_diffusion.integration.lockstep import RankAbortedError, RankAgreement, RankDisagreementError
 from bcg_diffusion.integration.model_state import ModelState
 from bcg_diffusion.integration.slots import Slot
@@ -63,7 +64,7 @@ def _cp_config(**overrides):
 
 def _key(device="cuda:0", ptr_hash=123, object_id=1, shape=(1, 16, 64), adapters=()):
     spec = TensorSpec(shape, (shape[1] * shape[2], shape[2], 1), torch.bfloat16, torch.device(device), False)
-    inputs = (("hidden_states", spec), ("return_dict", False), ("obj", ObjectState("Cfg", object_id, ())),
+    inputs = (("hidden_states", spec), ("return_dict", False), ("obj.fn", Opaque("Cfg", object_id)),
               ("ids", HostTensor((2,), torch.int64, (0, 1))))
     state = (("grad_enabled", False), ("attention_backend", None))
     return GraphKey(inputs, state, (100, ptr_hash, 7, adapters))

@@ -11,7 +11,8 @@ from bcg_diffusion.config import BCGConfig
 from bcg_diffusion.integration import entries, failures
 from bcg_diffusion.integration.breaks import narrowing
 from bcg_diffusion.integration.breaks.eager_modules import EagerModules
-from bcg_diffusion.integration.keys import HostTensor, ObjectState, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.integration.keys import Call, HostTensor, UncacheableInput, flatten_inputs, rebuild_inputs
+from bcg_diffusion.integration.object_inputs import ObjectLayout, Opaque
 from bcg_diffusion.integration.entry_kinds import EagerFallback
 from bcg_diffusion.integration.events import RunnerEvents
 from bcg_diffusion.integration.module_mode import UnitGraphs, replay_units
@@ -344,24 +345,59 @@ def test_small_host_tensors_are_keyed_by_value_and_left_in_place():
     assert a is not meta and k["indices"] is idx
 
 
-def test_plain_objects_are_keyed_by_identity_and_state():
+def test_plain_objects_are_keyed_by_structure_and_their_tensors_are_inputs():
     class Cache:
         def __init__(self):
             self.mode = "read"
-            self.tensors = [torch.ones(2)]
+            self.tensors = [torch.ones(2), None]
 
     cache = Cache()
-    first, _ = flatten_inputs((), {"kv": cache}, device_type="cuda")
-    state = dict(first)["kv"]
-    assert isinstance(state, ObjectState) and state.identity == id(cache) and "Cache object" in str(state)
-    assert flatten_inputs((), {"kv": cache}, device_type="cuda")[0] == first
+    first, tensors = flatten_inputs((), {"kv": cache}, device_type="cpu")
+    layout = dict(first)["kv"]
+    assert isinstance(layout, ObjectLayout) and layout.names == ("mode", "tensors") and "Cache object" in str(layout)
+    assert dict(first)["kv.mode"] == "read" and len(tensors) == 1 and tensors[0] is cache.tensors[0]
+    assert flatten_inputs((), {"kv": Cache()}, device_type="cpu")[0] == first  # a new object of one structure
     cache.mode = "write"
-    assert flatten_inputs((), {"kv": cache}, device_type="cuda")[0] != first
+    assert flatten_inputs((), {"kv": cache}, device_type="cpu")[0] != first
     cache.mode = "read"
-    cache.tensors[0].add_(1)  # an in-place write bumps the version: another key
-    assert flatten_inputs((), {"kv": cache}, device_type="cuda")[0] != first
+    cache.tensors[0].add_(1)  # new values: the same key (a replay copies them in)
+    assert flatten_inputs((), {"kv": cache}, device_type="cpu")[0] == first
+    cache.tensors[1] = torch.ones(3)
+    assert flatten_inputs((), {"kv": cache}, device_type="cpu")[0] != first
+    cache.tensors[1] = None
+    cache.other = torch.nn.Linear(1, 1)  # a module inside an object: keyed by identity
+    assert dict(flatten_inputs((), {"kv": cache}, device_type="cpu")[0])["kv.other"] == Opaque("Linear", id(cache.other))
     with pytest.raises(UncacheableInput):  # without a device type objects stay uncacheable
         flatten_inputs((), {"kv": cache})
+
+
+def test_a_plain_object_input_is_copied_with_static_tensors_and_its_changes_are_seen():
+    class LayerCache:
+        def __init__(self):
+            self.k = torch.ones(2)
+
+    class Cache:
+        def __init__(self):
+            self.layers = [LayerCache(), LayerCache()]
+            self.scale = 2.0
+
+    cache, x = Cache(), torch.zeros(2)
+    call = Call.read(lambda x, kv: x + kv.layers[1].k, (x,), {"kv": cache}, "cpu")
+    static = [torch.full((2,), float(i)) for i in range(3)]
+    copied = call.on(static)
+    kv = copied.kwargs["kv"]
+    assert kv is not cache and type(kv) is Cache and kv.scale == 2.0 and kv.layers[0] is not cache.layers[0]
+    assert copied.args[0] is static[0] and kv.layers[0].k is static[1] and kv.layers[1].k is static[2]
+    assert cache.layers[0].k is not static[1]  # the live object is left as it was
+    assert call.changes() is None and call.refusal(call.run()) is None
+    cache.layers[1].k.mul_(3)  # written in place by the call, say
+    assert call.changes() == "kv.layers[1].k: reassigned or written in place"
+    call = Call.read(lambda x, kv: x, (x,), {"kv": cache}, "cpu")
+    cache.layers[0].k = torch.zeros(2)  # reassigned
+    assert call.refusal(x).startswith("the call changes its own input kv.layers[0].k, which a replay would not do")
+    made = Call.read(lambda x: (x, Cache()), (x,), {}, "cpu")
+    reason = made.refusal(made.run())
+    assert "returns a" in reason and "Cache object (out[1])" in reason
 
 
 def test_a_container_on_the_eager_spine_lists_no_unit_twice():
@@ -427,3 +463,37 @@ def test_debug_mode_narrows_a_failed_capture_as_a_real_capture_does():
     assert stats.hits == 3 and stats.failed_captures == 0 and stats.entries[0].eager_modules == ("blocks.1",), str(stats)
     messages = [str(w.message) for w in caught if issubclass(w.category, bcg.BCGCaptureWarning)]
     assert len(messages) == 1 and "failed in blocks.1 (HostReadBlock)" in messages[0], messages
+
+
+def test_inputs_the_forward_moves_to_the_device_are_moved_before_keying():
+    from bcg_diffusion.families import KNOWN_TRANSFORMERS, TransformerInfo
+    from bcg_diffusion.integration.device_inputs import move_device_inputs
+
+    info = KNOWN_TRANSFORMERS["LuminaNextDiT2DModel"]  # LuminaPipeline's rotary table: 384 x 384 on the CPU
+    table = torch.randn(384 * 384 * 4)
+    kwargs = {"hidden_states": torch.empty(1, 4, device="meta"), "image_rotary_emb": table, "steps": torch.arange(2)}
+    moved = move_device_inputs(info, kwargs, "meta")
+    assert moved["image_rotary_emb"].device.type == "meta" and moved["image_rotary_emb"].shape == table.shape
+    assert moved["steps"] is kwargs["steps"] and kwargs["image_rotary_emb"] is table  # only the named, not in place
+    fields, tensors = flatten_inputs((), moved, device_type="meta")
+    assert len(tensors) == 2  # keyed, no longer uncacheable
+    with pytest.raises(UncacheableInput, match="image_rotary_emb is a cpu tensor"):
+        flatten_inputs((), kwargs, device_type="meta")
+    assert move_device_inputs(TransformerInfo(), kwargs, "meta") is kwargs
+    assert move_device_inputs(info, {"image_rotary_emb": table}, "meta")["image_rotary_emb"] is table  # no device
+
+
+def test_an_object_a_capture_could_not_copy_is_uncacheable():
+    class Made:
+        def __new__(cls, size):  # takes arguments: no empty instance to fill
+            made = super().__new__(cls)
+            made.k = torch.zeros(size)
+            return made
+
+    class Holder:
+        def __init__(self):
+            self.inner = Made(2)
+
+    for value, path in ((Made(2), "kv"), (Holder(), "kv.inner")):
+        with pytest.raises(UncacheableInput, match=f"{path} is a Made object whose class takes arguments"):
+            flatten_inputs((), {"kv": value}, device_type="cpu")

@@ -86,3 +86,56 @@ def test_a_watcher_may_give_a_capture_up():
     with torch.no_grad():
         assert all(torch.equal(out, twin(x)) for out in outs)
     bcg.remove_acceleration(model)
+
+
+class ObjectInputs(ModelMixin):
+    """Takes a plain object (a KV cache) and may write to it or return one, as Qwen-Image 2.1 and Flux.2 Klein KV do."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache=None, mode=None, opaque=None):
+        if mode == "extract":
+            cache.k = self.proj(x)  # fills the cache the pipeline passed
+        if mode == "return":
+            made = type(cache)()
+            made.k = self.proj(x)
+            return x, made
+        return self.proj(x) + (cache.k if cache is not None and cache.k is not None else 0)
+
+
+class KV:
+    def __init__(self):
+        self.k = None
+
+
+def test_object_inputs_replay_across_new_objects_and_what_cannot_be_replayed_warns_once():
+    import warnings
+
+    model = ObjectInputs()
+    bcg.accelerate_transformer(model, DEBUG)
+    told = Told()
+    handle = bcg.watch_every_runner(told)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):  # a new cache per "pipeline call": extract once, then read it twice
+            kv = KV()
+            model(x, kv, "extract")
+            assert kv.k is not None  # the write was made: the extract key runs eagerly
+            for _ in range(2):
+                model(x, kv, "cached")
+            model(x, KV(), "return")
+        for _ in range(2):
+            model(x, opaque=len)  # a function cannot be keyed: every call runs eagerly, one warning says so
+    handle.remove()
+    stats = bcg.get_stats(model)
+    bcg.remove_acceleration(model)
+    messages = [str(w.message) for w in caught if issubclass(w.category, bcg.BCGCaptureWarning)]
+    assert sum("changes its own input args[1].k" in m for m in messages) == 1, messages
+    assert sum("returns a" in m and "KV object (out[1])" in m for m in messages) == 1, messages
+    assert sum("runs eagerly: uncacheable input: opaque is a builtin_function_or_method" in m for m in messages) == 1
+    # the cached key: first call of the first cache, captured at its second, replayed for every later cache
+    assert told.events.count("planned replay") == 4 and told.events.count("captured DebugRun") == 1
+    assert stats.eager_calls == 2 + 2 + 2 and stats.failed_captures == 0, str(stats)

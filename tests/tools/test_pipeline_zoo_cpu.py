@@ -214,3 +214,49 @@ def test_report_totals_against_the_targets():
     assert totals["built_and_ran"] == 3 and totals["built_and_ran_share"] == 0.6
     assert totals["wrong_outputs"] == 1 and totals["crashes"] == 1
     assert totals["replayed"] == 2 and totals["replayed_share_of_ran"] == round(2 / 3, 4)
+
+
+@pytest.mark.parametrize("name", ["LucyEditPipeline", "VQDiffusionPipeline"])
+def test_cases_that_crashed_in_bfloat16_run_in_it(name):
+    # the H100 probe of 2026-12-07: Lucy fed its float32 video to a bf16 VAE, VQ-Diffusion's numpy output has no bf16
+    case = pipeline_zoo.get_case(name)
+    pipe = pipeline_zoo.build(case, "cpu", torch.bfloat16)
+    out = pipe(**pipeline_zoo.call_kwargs(case, pipe), generator=torch.Generator().manual_seed(0))
+    assert pipeline_calls.output_tensors(out)
+    if name == "LucyEditPipeline":
+        assert pipe.transformer.dtype == torch.bfloat16 and pipe.vae.dtype == torch.float32
+    else:
+        assert case.dtype == torch.float32 and pipe.transformer.dtype == torch.float32
+
+
+def test_a_difference_the_eager_twin_makes_itself_is_no_verdict(monkeypatch):
+    # NucleusMoE on the H100: one call of five differed, while the twin repeated only the first call; a differing call
+    # is now made again on the twin, and only a difference the twin does not make itself is a wrong output
+    outputs = iter([[("out", torch.zeros(2))], [("out", torch.ones(2))]])  # the accelerated call, the twin again
+    monkeypatch.setattr(pipeline_calls, "run_call", lambda pipe, call, seed: next(outputs))
+    monkeypatch.setattr(pipeline_calls, "counters", lambda pipe: dict.fromkeys(pipeline_calls._COUNTERS, 0))
+    references = {"2 outputs": [("out", torch.full((2,), 0.5))]}
+    call = pipeline_calls._compared_call(object(), object(), references, ("2 outputs", {"prompt": "a"}, 4, ""))
+    assert call.bitwise is False and call.eager_repeats is False and "does not repeat this call" in call.note
+
+    result = pipeline_calls.ClassResult("NucleusMoEImagePipeline", eager_repeatable=True,
+                                        calls=[pipeline_calls.CallResult("seed 1", True), call])
+    status, reason = pipeline_calls.classify(result)
+    assert status == "unrepeatable" and "2 outputs" in reason and "--deterministic" in reason
+    call.eager_repeats = True  # the twin repeats what the replay got wrong: a wrong output
+    assert pipeline_calls.classify(result)[0] == "mismatch"
+
+
+@pytest.mark.parametrize("name, why", [("Flux2KleinKVPipeline", "returns a Flux2KVCache object"),
+                                       ("QwenImage21Pipeline", "changes its own input kv_cache.layer_caches[0].k")])
+def test_kv_cache_pipelines_in_debug_mode_replay_the_cached_steps_and_warn_once(name, why):
+    """A new KV-cache object per pipeline call: the step that fills it runs eagerly (one warning says why), the steps
+    that read it are served by the runner across objects (H100, 2026-12-07: Klein KV crashed at its third call,
+    Qwen-Image 2.1 made a new key every call)."""
+    settings = pipeline_calls.Settings(torch.device("cpu"), torch.float32, debug=True)
+    result = pipeline_calls.probe_class(pipeline_zoo.get_case(name), settings)
+    assert result.status == "partial" and why in result.reason, (result.status, result.error, result.reason)
+    assert all(c.bitwise for c in result.calls), [(c.label, c.max_diff) for c in result.calls]
+    later = [c for c in result.calls if c.label in ("seed 2", "seed 3", "callback")]  # two outputs: new keys
+    assert all(c.counters["hits"] > 0 for c in later), [(c.label, c.counters) for c in result.calls]
+    assert [c.label for c in result.calls if why in c.note] == ["seed 1"]

@@ -38,13 +38,16 @@ LATENT_EDIT = 0.9
 @dataclass
 class CallResult:
     """One call on both pipelines: ``bitwise`` (``None``: not compared), the largest difference, and what
-    the runner counted for it (hits, first calls, eager calls, captures)."""
+    the runner counted for it (hits, first calls, eager calls, captures). ``eager_repeats``: for a call that
+    differed, whether the eager twin made the same call again bitwise equal to its first output (``None``: not
+    asked, the call did not differ); ``False`` makes the difference no verdict on the replay."""
 
     label: str
     bitwise: bool | None = None
     max_diff: float | None = None
     counters: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    eager_repeats: bool | None = None
 
 
 @dataclass
@@ -276,6 +279,8 @@ def probe_class(case, settings: Settings) -> ClassResult:
         finally:
             _release(pipes, result)
     result.eager_reasons = heard.eager_reasons
+    if result.status in ("partial", "eager") and not result.reason:  # the runner's reasons, complete now
+        result.status, result.reason = classify(result)
     result.seconds = round(time.perf_counter() - start, 3)
     del pipes
     gc.collect()
@@ -346,6 +351,10 @@ def _compared_call(pipe, twin, references: dict, planned: tuple) -> CallResult:
     moved = {name: after[name] - before[name] for name in _COUNTERS}
     result = CallResult(label, equal, diff, moved, note)
     warned = _library_warnings(caught)
+    if not equal:
+        result.eager_repeats = compare_outputs(references[label], run_call(twin, call, seed))[0]
+        if not result.eager_repeats:
+            warned.insert(0, "the eager twin does not repeat this call either (no verdict on the replay)")
     if warned:
         result.note = "; ".join(filter(None, [note, *warned]))
     return result
@@ -362,9 +371,13 @@ def _release(pipes: list[Any], result: ClassResult) -> None:
 
 def classify(result: ClassResult) -> tuple[str, str]:
     """``(status, reason)`` of a class whose calls all ran (see :class:`ClassResult`)."""
-    compared = [c for c in result.calls if c.bitwise is not None]
-    if any(not c.bitwise for c in compared):
-        return ("mismatch", "") if result.eager_repeatable else ("unrepeatable", "the eager twin does not repeat")
+    differed = [c for c in result.calls if c.bitwise is False]
+    if differed:
+        if any(c.eager_repeats is not False for c in differed):  # the twin repeats a call the replay got wrong
+            return "mismatch", ""
+        calls = ", ".join(c.label for c in differed)
+        return "unrepeatable", (f"the eager twin does not repeat itself ({calls}): no verdict; run the class again "
+                                "with --deterministic")
     stats = result.stats
     if stats is None:
         return "not accelerated", ""
