@@ -9,6 +9,7 @@ import argparse
 import pytest
 
 from bcg_diffusion.serving import command_line, serve_command, server_build
+from bcg_diffusion.serving.assembly import warm
 from bcg_diffusion.serving.replicas import ray_run
 from bcg_diffusion.serving.replicas.options import (
     ReplicaOptions,
@@ -129,7 +130,7 @@ def test_a_replica_builds_and_warms_its_state_or_fails_before_serving(monkeypatc
         return workers[-1]
 
     monkeypatch.setattr(server_build, "PipelineWorker", tracked_worker)
-    monkeypatch.setattr(server_build, "run_warmup", lambda *a: (_ for _ in ()).throw(RuntimeError("no memory left")))
+    monkeypatch.setattr(warm, "run_warmup", lambda *a: (_ for _ in ()).throw(RuntimeError("no memory left")))
     with pytest.raises(ServerOptionsError, match="warm-up failed: RuntimeError: no memory left"):
         build_server_state(parse_server_args(TINY))
     assert workers and not workers[0].alive
