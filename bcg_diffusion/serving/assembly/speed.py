@@ -12,7 +12,7 @@ from typing import Any, Callable
 from bcg_diffusion.toolkit.offload_option import stream_transformers
 from bcg_diffusion.toolkit.options import Failure
 from bcg_diffusion.toolkit.speedups import speed_up
-from bcg_diffusion.toolkit.stack import apply_speed_layers, cache_reset, quantize_layer
+from bcg_diffusion.toolkit.stack import apply_speed_layers, quantize_layer
 
 from ..adapters.bank import attach_adapters
 from ..server_plan import ServerPlan, prog
@@ -40,9 +40,9 @@ def speed_up_model(built: BuiltModel, plan: ServerPlan) -> SpedUp:
     if bank is not None:
         notes.append(f"LoRA adapters: {', '.join(bank.names)} (hot-swap rank {bank.target_rank}, {bank.gpu_slots} kept "
                      "on the device)")
-    notes += apply_speed_layers(pipe, plan.stack, spec.name if spec is not None else None, built.default_steps).notes
-    notes += speed_up(pipe, compile=False, bcg=plan.bcg, on_cuda=plan.model.device.type == "cuda")
-    return SpedUp(bank, cache_reset(pipe, plan.stack), notes)  # the reset: an image depends on its request alone
+    applied = apply_speed_layers(pipe, plan.stack, spec.name if spec is not None else None, built.default_steps)
+    notes += applied.notes + speed_up(pipe, compile=False, bcg=plan.bcg, on_cuda=plan.model.device.type == "cuda")
+    return SpedUp(bank, applied.before_call, notes)  # the step cache's reset: an image depends on its request alone
 
 
 def stack_line(plan: ServerPlan) -> str:
