@@ -57,4 +57,5 @@ def check_family(spec, args: argparse.Namespace, parser: argparse.ArgumentParser
                      f"splits {', '.join(STEP_PIPELINES)} (use --batching request)")
     fewest = min_steps(spec.scheduler_config, spec.scheduler_class_name)
     if args.steps is not None and args.steps < fewest.steps:
-        parser.error(f"--steps {args.steps}: {spec.name}'s scheduler {fewest.reason}; give --steps {fewest.steps} or more")
+        parser.error(f"--steps {args.steps}: {spec.name}'s scheduler {fewest.reason}; give --steps {fewest.steps} "
+                     "or more")

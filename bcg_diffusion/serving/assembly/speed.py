@@ -1,7 +1,7 @@
 """The server's second part: the speed stack on the built model, in order: ``--offload``'s block streaming or
-quantization (the plan refuses both together), the LoRA adapters (before BCG and compile touch the transformer), the attention
-backend, the step cache, compile, BCG (:mod:`bcg_diffusion.toolkit.stack` applies the layers). A layer that cannot
-be applied raises :class:`~bcg_diffusion.toolkit.options.Failure`.
+quantization (the plan refuses both together), the LoRA adapters (before BCG and compile touch the transformer),
+the attention backend, the step cache, compile, BCG (:mod:`bcg_diffusion.toolkit.stack` applies the layers). A
+layer that cannot be applied raises :class:`~bcg_diffusion.toolkit.options.Failure`.
 """
 
 from __future__ import annotations
