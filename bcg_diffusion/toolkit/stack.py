@@ -76,7 +76,8 @@ def compile_layer(transformer: Any) -> tuple[str, Any]:
 
 def apply_speed_layers(pipe: Any, stack: StackOptions, family: str | None, steps: int) -> AppliedStack:
     """The attention backend, the step cache (for calls of ``steps`` steps; ``family``: the pipeline's, ``None``
-    when unknown) and regional compile of ``stack`` on ``pipe``, in that order."""
+    when unknown) and regional compile of ``stack`` on ``pipe``, in that order; what was done (with the step cache's
+    reset to run before each call, ``before_call``)."""
     applied = AppliedStack()
     transformer = getattr(pipe, "transformer", None)
     if (stack.attention_backend or stack.compile or stack.cache) and transformer is None:
