@@ -1,5 +1,6 @@
-"""``bcg-serve``'s command line read once: every check that needs no pipeline, and the :class:`ServerPlan` that
-the start-up (:mod:`.server_build`) reads instead of the raw ``argparse`` namespace.
+"""``bcg-serve``'s command line read once, at the door: every check that needs no pipeline (the model's against its
+family: :mod:`.model_checks`), and the :class:`ServerPlan` that the start-up (:mod:`.server_build`) reads instead of
+the raw ``argparse`` namespace.
 
 :func:`read_plan` reports a bad option through ``parser.error`` (exit code 2, one line saying what to change), before
 anything is built; the replicas' parser (:mod:`.replicas.state`) raises there instead. The serve extra's modules
@@ -19,16 +20,16 @@ import torch
 
 import bcg_pipelines as pipelines
 from bcg_diffusion.toolkit.choices import MAX_BATCH
-from bcg_diffusion.toolkit.model_limits import family_side_limit, min_steps
 from bcg_diffusion.toolkit.offload_option import offload_problem, offload_with_quant_problem
 from bcg_diffusion.toolkit.options import check_binning_flag, choose_device, family_or_checkpoint
 from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack_options import StackOptions, read_stack
 
 from .adapters.options import AdapterPlan, served_models
-from .batching.stepping.config import STEP_PIPELINES, StepConfig
+from .batching.stepping.config import StepConfig
 from .catalog import ModelCatalog
 from .http.listen import API_KEY_VARIABLE, warn_if_open
+from .model_checks import check_model
 from .serve_defaults import prog
 
 __all__ = ["API_KEY_PATTERN", "API_KEY_VARIABLE", "BatchingPlan", "ModelPlan", "RequestPlan", "ServerPlan", "prog",
@@ -117,30 +118,24 @@ def read_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, *, devi
     check_numbers(args, parser)
     key = api_key(args, parser)
     warmup, default_size = parse_values(args, parser)
+    batching = BatchingPlan(args.max_batch, args.batch_window_ms, args.batch_work_limit, step_config(args, parser))
     adapters, catalog = served_models(args, parser)
     if warn_open_host:
         warn_if_open(args.host, key)
-    model = model_plan(args, parser, device)
-    sizes = [("--warmup", size) for size in warmup] + ([("--default-size", default_size)] if default_size else [])
-    check_model(model.spec, args, sizes, model.device, parser)
-    stack = read_stack(args, parser, family=model.spec.name if model.spec is not None else None, device=model.device)
-    requests = RequestPlan(args.steps, default_size, args.max_pixels, args.max_steps, args.max_n, args.max_queue,
-                           resolution_binning=not args.no_resolution_binning)
-    batching = BatchingPlan(args.max_batch, args.batch_window_ms, args.batch_work_limit,
-                            step_config(args, model.spec, parser))
-    return ServerPlan(model, stack, bool(args.bcg), requests, batching, adapters, catalog, tuple(warmup),
-                      api_key=key, host=args.host, port=args.port)
-
-
-def model_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, device: bool) -> ModelPlan:
-    """``--model``, ``--size``, ``--device`` and ``--dtype`` checked (the device chosen only with ``device``);
-    ``parser.error`` for a bad one."""
     chosen = choose_device(args, parser) if device else None
     spec = family_or_checkpoint(args.model, parser)
     if spec is not None and args.no_resolution_binning:
         check_binning_flag(spec, parser)
-    dtype = pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None
-    return ModelPlan(args.model, spec, args.size, args.yes, chosen, dtype, getattr(args, "offload", None))
+    sizes = [("--warmup", size) for size in warmup] + ([("--default-size", default_size)] if default_size else [])
+    check_model(spec, args, sizes, chosen, parser)
+    stack = read_stack(args, parser, family=spec.name if spec is not None else None, device=chosen)
+    model = ModelPlan(args.model, spec, args.size, args.yes, chosen,
+                      pipelines.resolve_dtype(args.dtype, chosen) if chosen is not None else None,
+                      getattr(args, "offload", None))
+    requests = RequestPlan(args.steps, default_size, args.max_pixels, args.max_steps, args.max_n, args.max_queue,
+                           resolution_binning=not args.no_resolution_binning)
+    return ServerPlan(model, stack, bool(args.bcg), requests, batching, adapters, catalog, tuple(warmup),
+                      api_key=key, host=args.host, port=args.port)
 
 
 def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -167,9 +162,10 @@ def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(problem)
 
 
-def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser) -> StepConfig | None:
+def step_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StepConfig | None:
     """The step scheduler's settings of ``--batching step`` (``None`` for request batching); ``parser.error`` for
-    ``--batching step`` without rows to batch, a family without a step loop, or ``--step-policy`` without it."""
+    ``--batching step`` without rows to batch, or ``--step-policy`` without it (a family without a step loop:
+    :func:`~.model_checks.check_model`)."""
     mode, policy = getattr(args, "batching", "request"), getattr(args, "step_policy", None)
     if mode != "step":
         if policy is not None:
@@ -177,11 +173,7 @@ def step_config(args: argparse.Namespace, spec, parser: argparse.ArgumentParser)
         return None
     if args.max_batch < 2:
         parser.error("--batching step needs --max-batch ROWS of 2 or more: the slots of every running batch")
-    if spec is not None and spec.pipeline_class_name not in STEP_PIPELINES:
-        parser.error(f"--batching step: {spec.name} ({spec.pipeline_class_name}) has no step loop; step batching "
-                     f"splits {', '.join(STEP_PIPELINES)} (use --batching request)")
     return StepConfig(rows=args.max_batch, policy=policy or "round_robin")
-
 
 def parse_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[Size], Size | None]:
     """``--warmup`` (a list of sizes) and ``--default-size`` (a size or ``None``), each written as a request's size;
@@ -205,40 +197,3 @@ def api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | 
                      "'Authorization: Bearer <key>')")
     return key
 
-
-def check_steps(spec, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """``--steps`` below the fewest the family's scheduler takes: ``parser.error`` (a checkpoint's once loaded)."""
-    if spec is None or args.steps is None:
-        return
-    fewest = min_steps(spec.scheduler_config, spec.scheduler_class_name)
-    if args.steps < fewest.steps:
-        parser.error(f"--steps {args.steps}: {spec.name}'s scheduler {fewest.reason}; give --steps {fewest.steps} or more")
-
-
-def check_model(spec, args: argparse.Namespace, sizes: list[tuple[str, Size]], device: torch.device | None,
-                parser: argparse.ArgumentParser) -> None:
-    """``parser.error`` for what a family cannot do, before anything is built: videos, a default step count above
-    ``--max-steps`` or ``--steps`` below what its scheduler takes, a --warmup or --default-size (``sizes``: option
-    and size) it cannot make (beyond its side limit too), ``--size full`` without CUDA (unless ``--yes``); a
-    checkpoint's are checked once it is loaded (only ``--max-pixels`` and the commands' side rule here)."""
-    if spec is not None and spec.is_video:
-        images = [n for n in pipelines.list_families() if not pipelines.get_family(n).is_video]
-        parser.error(f"--model {spec.name} makes videos; serve.py serves images (the OpenAI images API): "
-                     f"choose one of {', '.join(images)}")
-    if spec is not None and args.steps is None and spec.default_steps > args.max_steps:
-        parser.error(f"{spec.name}'s default of {spec.default_steps} steps is above --max-steps {args.max_steps}: a "
-                     "request without num_inference_steps would be refused; give --steps or raise --max-steps")
-    check_steps(spec, args, parser)
-    for option, size in sizes:
-        if spec is not None and (size.width % spec.spatial_multiple or size.height % spec.spatial_multiple):
-            parser.error(f"size {size}: width and height must be positive multiples of "
-                         f"{spec.spatial_multiple} for {spec.name} (VAE scale factor x patch size)")
-        limit = family_side_limit(spec, args.size if spec is not None else "full")
-        if max(size.width, size.height) > limit.pixels:
-            model = f"{spec.name} ({args.size})" if spec is not None else "a checkpoint"
-            parser.error(f"{option} {size}: above the limit of {limit.pixels} px per side for {model}: {limit.reason}")
-        if size.pixels > args.max_pixels:
-            parser.error(f"size {size} has {size.pixels} pixels, above --max-pixels {args.max_pixels}")
-    if device is not None and spec is not None and args.size == "full" and device.type != "cuda" and not args.yes:
-        parser.error(f"--size full without CUDA builds the published {spec.title} on the CPU (tens of GiB, minutes "
-                     "per step); pass --yes to build it anyway")

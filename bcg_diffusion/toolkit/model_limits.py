@@ -20,11 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .choices import SIDE_LIMIT_RULE
-from .sizes import max_side
+from .choices import MAX_SIDE_FACTOR, MIN_MAX_SIDE, SIDE_LIMIT_RULE
 
-__all__ = ["POSITION_TABLES", "SideLimit", "StepLimit", "family_side_limit", "largest_square", "min_steps",
-           "position_limit", "side_limit"]
+__all__ = ["POSITION_TABLES", "SideLimit", "StepLimit", "family_side_limit", "largest_square", "max_side",
+           "min_steps", "position_limit", "side_limit"]
 
 #: Transformer config keys that size a table of positions, in latent patches per side.
 POSITION_TABLES = ("pos_embed_max_size", "rope_max_seq_len")
@@ -44,6 +43,16 @@ class StepLimit:
 
     steps: int
     reason: str | None = None
+
+
+def max_side(spec) -> int:
+    """The largest height or width for a family (``None``: a checkpoint of no known family):
+    :data:`~.choices.MAX_SIDE_FACTOR` x the largest side of its published size, at least
+    :data:`~.choices.MIN_MAX_SIDE`, a multiple of its pixel granularity."""
+    if spec is None:
+        return MIN_MAX_SIDE
+    largest = MAX_SIDE_FACTOR * max(spec.full.height, spec.full.width)
+    return max(MIN_MAX_SIDE, largest - largest % spec.spatial_multiple)
 
 
 def position_limit(transformer_config: Mapping[str, Any], granularity: int) -> SideLimit | None:

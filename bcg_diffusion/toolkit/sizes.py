@@ -1,5 +1,4 @@
-"""Output sizes as the commands take them: ``WxH`` (width first, as the OpenAI images API) and the largest side
-a family is run at. Imports nothing heavy.
+"""Output sizes as the commands take them: ``WxH`` (width first, as the OpenAI images API). Imports nothing heavy.
 
 A size is read once, here, into a :class:`Size` (:meth:`Size.read`; the server's requests and options take it written
 strictly, :meth:`Size.parse`); what a family allows of it (multiples of its pixel granularity, frame counts) is
@@ -12,9 +11,7 @@ import argparse
 import re
 from dataclasses import dataclass, field
 
-from .choices import MAX_SIDE_FACTOR, MIN_MAX_SIDE
-
-__all__ = ["MAX_DIGITS", "Size", "max_side", "parse_sizes", "sizes_argument"]
+__all__ = ["MAX_DIGITS", "Size", "parse_sizes", "sizes_argument"]
 
 #: ``WxH`` or ``WxHxFRAMES``: whole numbers joined by a lowercase ``x`` (what :meth:`Size.read` takes).
 _SIZE = re.compile(r"(\d{1,18})x(\d{1,18})(?:x(\d{1,18}))?")
@@ -83,12 +80,3 @@ def sizes_argument(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
-
-def max_side(spec) -> int:
-    """The largest height or width for a family (``None``: a checkpoint of no known family):
-    :data:`~.choices.MAX_SIDE_FACTOR` x the largest side of its published size, at least
-    :data:`~.choices.MIN_MAX_SIDE`, a multiple of its pixel granularity."""
-    if spec is None:
-        return MIN_MAX_SIDE
-    largest = MAX_SIDE_FACTOR * max(spec.full.height, spec.full.width)
-    return max(MIN_MAX_SIDE, largest - largest % spec.spatial_multiple)

@@ -11,6 +11,7 @@ raises :class:`~.options.Failure`: exit code 2 for what the options asked and th
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,16 +24,20 @@ from .quant_option import apply_quant
 from .speedups import regional_compile, set_attention_backend
 from .stack_options import StackOptions
 
-__all__ = ["AppliedStack", "apply_speed_layers", "cache_reset", "compile_layer", "compiled_graphs", "quantize_layer"]
+__all__ = ["AppliedStack", "apply_speed_layers", "compile_layer", "compiled_graphs", "quantize_layer"]
 
 
 @dataclass
 class AppliedStack:
-    """What :func:`apply_speed_layers` did: the lines that say so, and the process-wide patches it made (the
-    attention wrappers of compile), which :meth:`remove_patches` undoes."""
+    """What :func:`apply_speed_layers` did: the lines that say so, the process-wide patches it made (the attention
+    wrappers of compile), which :meth:`remove_patches` undoes, and ``before_call``: what to call before each pipeline
+    call with a step cache on (``None`` without one): the state of diffusers' step-cache hooks reset, so that a call
+    starts like a first one even after a call that failed half-way (which leaves the hooks' state as it was; a
+    finished call resets most of them itself)."""
 
     notes: list[str] = field(default_factory=list)
     handles: list[Any] = field(default_factory=list)
+    before_call: Callable[[], None] | None = None
 
     def remove_patches(self) -> None:
         while self.handles:
@@ -71,7 +76,8 @@ def compile_layer(transformer: Any) -> tuple[str, Any]:
 
 def apply_speed_layers(pipe: Any, stack: StackOptions, family: str | None, steps: int) -> AppliedStack:
     """The attention backend, the step cache (for calls of ``steps`` steps; ``family``: the pipeline's, ``None``
-    when unknown) and regional compile of ``stack`` on ``pipe``, in that order."""
+    when unknown) and regional compile of ``stack`` on ``pipe``, in that order; what was done (with the step cache's
+    reset to run before each call, ``before_call``)."""
     applied = AppliedStack()
     transformer = getattr(pipe, "transformer", None)
     if (stack.attention_backend or stack.compile or stack.cache) and transformer is None:
@@ -83,6 +89,7 @@ def apply_speed_layers(pipe: Any, stack: StackOptions, family: str | None, steps
             raise Failure(2, f"error: --attention-backend {stack.attention_backend}: {exc}") from exc
     if stack.cache is not None:
         applied.notes.append(_cache_layer(pipe, stack, family, steps))
+        applied.before_call = functools.partial(reset_cache_state, transformer)
     if stack.compile:
         try:
             note, handle = compile_layer(transformer)
@@ -102,16 +109,6 @@ def _cache_layer(pipe: Any, stack: StackOptions, family: str | None, steps: int)
         return apply_cache(pipe, stack.cache, family, steps)
     except ValueError as exc:
         raise Failure(2, f"error: --cache: {exc}") from exc
-
-
-def cache_reset(pipe: Any, stack: StackOptions) -> Callable[[], None] | None:
-    """What to call before each pipeline call with a step cache on (``None`` without one): the state of diffusers'
-    step-cache hooks reset, so that a call starts like a first one even after a call that failed half-way (which
-    leaves the hooks' state as it was; a finished call resets most of them itself)."""
-    transformer = getattr(pipe, "transformer", None)
-    if stack.cache is None or transformer is None:
-        return None
-    return lambda: reset_cache_state(transformer)
 
 
 def compiled_graphs() -> int:

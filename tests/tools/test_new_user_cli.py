@@ -131,7 +131,7 @@ def test_height_and_width_above_the_family_limit_exit_2(capsys, no_build, argv, 
 def test_the_size_limit_is_the_documented_one():
     import bcg_pipelines as pipelines
 
-    from bcg_diffusion.toolkit.sizes import max_side
+    from bcg_diffusion.toolkit.model_limits import max_side
 
     for name in pipelines.list_families():
         spec = pipelines.get_family(name)

@@ -9,6 +9,7 @@ import argparse
 import pytest
 
 from bcg_diffusion.serving import command_line, serve_command, server_build
+from bcg_diffusion.serving.assembly import warm
 from bcg_diffusion.serving.replicas import ray_run
 from bcg_diffusion.serving.replicas.options import (
     ReplicaOptions,
@@ -129,7 +130,23 @@ def test_a_replica_builds_and_warms_its_state_or_fails_before_serving(monkeypatc
         return workers[-1]
 
     monkeypatch.setattr(server_build, "PipelineWorker", tracked_worker)
-    monkeypatch.setattr(server_build, "run_warmup", lambda *a: (_ for _ in ()).throw(RuntimeError("no memory left")))
+    monkeypatch.setattr(warm, "run_warmup", lambda *a: (_ for _ in ()).throw(RuntimeError("no memory left")))
     with pytest.raises(ServerOptionsError, match="warm-up failed: RuntimeError: no memory left"):
         build_server_state(parse_server_args(TINY))
     assert workers and not workers[0].alive
+
+
+def test_a_part_that_fails_stops_the_threads_of_the_parts_before_it(monkeypatch):
+    """The parts are built in order: the worker and the batcher start before the planner; a planner that fails
+    (here: planted) stops both, and the build fails as the options say."""
+    from bcg_diffusion.toolkit.options import Failure
+
+    made = []
+    real_worker, real_batching = server_build.PipelineWorker, server_build.set_up_batching
+    monkeypatch.setattr(server_build, "PipelineWorker", lambda: made.append(real_worker()) or made[-1])
+    monkeypatch.setattr(server_build, "set_up_batching", lambda *a: made.append(real_batching(*a)) or made[-1])
+    monkeypatch.setattr(server_build, "make_planner", lambda *a: (_ for _ in ()).throw(Failure(2, "planted")))
+    with pytest.raises(ServerOptionsError, match="planted"):
+        build_server_state(parse_server_args(f"{TINY} --max-batch 2"))
+    worker, batching = made
+    assert batching.batcher is not None and not batching.batcher.alive and not worker.alive

@@ -396,16 +396,16 @@ def test_serve_refuses_a_warmup_size_the_model_cannot_make(serve_script, capsys)
 
 def test_a_checkpoint_of_a_known_family_takes_the_published_defaults(tmp_path):
     from bcg_diffusion.serving import command_line
-    from bcg_diffusion.serving.granularity import pixel_granularity
-    from bcg_diffusion.serving.server_build import build_pipeline, make_planner
+    from bcg_diffusion.serving.assembly.model import build_model
+    from bcg_diffusion.serving.assembly.planner import make_planner
     from bcg_diffusion.serving.server_plan import read_plan
 
     pipelines.build_pipeline("flux", size="tiny", device="cpu").save_pretrained(tmp_path)
     parser = command_line.build_parser()
     plan = read_plan(parser.parse_args(["--model", str(tmp_path), "--device", "cpu", "--dtype", "fp32"]), parser)
-    pipe, spec = build_pipeline(plan)
-    planner = make_planner(pipe, spec, plan, pixel_granularity(pipe, spec.spatial_multiple))
-    assert spec.name == "flux" and planner.model_size == "full"
+    built = build_model(plan)
+    planner = make_planner(built, plan)
+    assert built.spec.name == "flux" and planner.model_size == "full" and built.preset == "full"
     assert (planner.default_size, planner.default_steps) == (Size(1024, 1024), 28)
     assert planner.limits.granularity == 16
 

@@ -26,12 +26,15 @@ from fastapi.testclient import TestClient  # noqa: E402
 import bcg_pipelines as pipelines  # noqa: E402
 from bcg_diffusion.integration.fingerprint import WeightsFingerprint  # noqa: E402
 from bcg_diffusion.serving import command_line, serve_command  # noqa: E402
-from bcg_diffusion.serving.adapters.bank import AdapterBank, AdapterSpec  # noqa: E402
+from bcg_diffusion.serving.adapters.bank import AdapterBank  # noqa: E402
+from bcg_diffusion.serving.adapters.options import AdapterSpec  # noqa: E402
 from bcg_diffusion.serving.http.app import create_app  # noqa: E402
 from bcg_diffusion.serving.catalog import ModelCatalog  # noqa: E402
 from bcg_diffusion.serving.http.png import encode_png_b64  # noqa: E402
 from bcg_diffusion.serving.granularity import pixel_granularity  # noqa: E402
-from bcg_diffusion.serving.server_build import build_server, make_planner  # noqa: E402
+from bcg_diffusion.serving.assembly.model import BuiltModel  # noqa: E402
+from bcg_diffusion.serving.assembly.planner import make_planner  # noqa: E402
+from bcg_diffusion.serving.server_build import build_server  # noqa: E402
 from bcg_diffusion.serving.server_plan import ServerPlan, read_plan  # noqa: E402
 from bcg_diffusion.serving.calls import Batch  # noqa: E402
 from bcg_diffusion.serving.runner import CallRunner  # noqa: E402
@@ -125,8 +128,10 @@ def _twin_image(path: Path, name: str, scale: float | None, planner) -> str:
 @pytest.mark.parametrize("name, scale", [("anime", None), ("sketch", None), ("noir", None), ("sketch", 0.5)])
 def test_an_adapter_equals_a_twin_with_diffusers_load_lora_weights(loras, adapted, name, scale):
     client, state = adapted
-    planner = make_planner(state.runner.pipe, pipelines.get_family("flux"), _plan(),
-                           pixel_granularity(state.runner.pipe, 16))
+    plan = _plan()
+    built = BuiltModel(state.runner.pipe, pipelines.get_family("flux"), plan.model.model_size,
+                       state.planner.default_steps, pixel_granularity(state.runner.pipe, 16), takes_batch=True)
+    planner = make_planner(built, plan)
     served = image(client, model=name, **({} if scale is None else {"lora_scale": scale}))
     assert served == _twin_image(loras[name], name, scale, planner)
 

@@ -34,7 +34,7 @@ from bcg_diffusion.serving.replicas.state import (
     parse_server_args,
     stop_server_state,
 )
-from bcg_diffusion.serving.server_build import CACHED_UNBATCHED
+from bcg_diffusion.serving.assembly.batching import CACHED_UNBATCHED
 from bcg_diffusion.serving.startup_warmup import WARMUP_STEPS, plan_warmup
 from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack import compiled_graphs

@@ -33,43 +33,23 @@ from typing import Any, Iterable
 
 import torch
 
+from bcg_diffusion.toolkit.options import Failure
+
 from ..catalog import ModelCatalog
+from .options import AdapterPlan, AdapterSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ADAPTER_NAME_PATTERN", "SLOT", "AdapterBank", "AdapterError", "AdapterSpec", "parse_lora_option"]
+__all__ = ["SLOT", "AdapterBank", "AdapterError", "attach_adapters"]
 
 #: The name of the one peft adapter that holds the adapter being served.
 SLOT = "bcg_serving_slot"
-#: An adapter's name (what a request's ``model`` field says): letters, digits and ``._-:/``, at most 128.
-ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 _LORA_DOWN = (".lora_A.", ".lora_down.")
 _LORA_UP = (".lora_B.", ".lora_up.")
 
 
 class AdapterError(ValueError):
     """An adapter that cannot be served; the message names it and says what to do."""
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """``--lora NAME=PATH``: the name requests use and the LoRA file (or a folder holding
-    ``pytorch_lora_weights.safetensors``)."""
-
-    name: str
-    path: str
-
-
-def parse_lora_option(text: str) -> AdapterSpec:
-    """``"NAME=PATH"`` -> :class:`AdapterSpec`; ``ValueError`` saying what is expected."""
-    name, sep, path = text.partition("=")
-    if not sep or not path:
-        raise ValueError(f"--lora {text!r}: expected NAME=PATH (a name for requests' model field, then the LoRA "
-                         "safetensors file or its folder), e.g. --lora anime=/loras/anime.safetensors")
-    if not ADAPTER_NAME_PATTERN.fullmatch(name):
-        raise ValueError(f"--lora {text!r}: the name {name!r} must start with a letter or digit and hold only "
-                         "letters, digits and ._:/- (at most 128 characters)")
-    return AdapterSpec(name, path)
 
 
 @dataclass
@@ -339,3 +319,18 @@ class AdapterBank:
 
 def _captures(bcg_stats: dict[str, Any] | None) -> int | None:
     return None if bcg_stats is None else int(bcg_stats.get("captures", 0))
+
+
+def attach_adapters(pipe, adapters: AdapterPlan, catalog: ModelCatalog, prog: str) -> AdapterBank | None:
+    """Load the adapters of ``adapters`` (the specs, ``--lora-rank``, ``--lora-gpu-slots``) into ``pipe``'s transformer
+    (before BCG or compile touch it), in the order of ``catalog``; ``None`` without any.
+    :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot be served: the
+    server stops before it listens."""
+    if not adapters.specs:
+        return None
+    try:
+        bank = AdapterBank(pipe, adapters.specs, catalog, target_rank=adapters.rank, gpu_slots=adapters.gpu_slots)
+        bank.load()
+    except AdapterError as exc:
+        raise Failure(2, f"{prog}: error: {exc}") from exc
+    return bank

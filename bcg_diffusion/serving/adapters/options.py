@@ -1,24 +1,24 @@
 """The server's LoRA options (``--lora NAME=PATH``, ``--lora-rank``, ``--lora-gpu-slots``), checked once with the
-command line into the adapters' plan and the catalog of served model ids, and the adapters loaded at start-up (:class:`.bank.AdapterBank`). Any adapter that cannot be served
-stops the server before it listens, with a message naming the adapter (exit code 2)."""
+command line into the adapters' plan (:class:`AdapterPlan`) and the catalog of served model ids; nothing heavy is
+imported (the parser's ``--help`` stays light). The start-up loads the plan's adapters with
+:func:`.bank.attach_adapters`."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from bcg_diffusion.toolkit.options import Failure
 
 from ..catalog import ModelCatalog
 
-if TYPE_CHECKING:  # torch: imported where adapters are read and loaded, not by the parser (--help)
-    from .bank import AdapterBank, AdapterSpec
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["AdapterPlan", "add_lora_options", "attach_adapters", "served_models"]
+__all__ = ["ADAPTER_NAME_PATTERN", "AdapterPlan", "AdapterSpec", "add_lora_options", "parse_lora_option",
+           "served_models"]
+
+#: An adapter's name (what a request's ``model`` field says): letters, digits and ``._-:/``, at most 128.
+ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 
 def add_lora_options(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,27 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
+class AdapterSpec:
+    """``--lora NAME=PATH``: the name requests use and the LoRA file (or a folder holding
+    ``pytorch_lora_weights.safetensors``)."""
+
+    name: str
+    path: str
+
+
+def parse_lora_option(text: str) -> AdapterSpec:
+    """``"NAME=PATH"`` -> :class:`AdapterSpec`; ``ValueError`` saying what is expected."""
+    name, sep, path = text.partition("=")
+    if not sep or not path:
+        raise ValueError(f"--lora {text!r}: expected NAME=PATH (a name for requests' model field, then the LoRA "
+                         "safetensors file or its folder), e.g. --lora anime=/loras/anime.safetensors")
+    if not ADAPTER_NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"--lora {text!r}: the name {name!r} must start with a letter or digit and hold only "
+                         "letters, digits and ._:/- (at most 128 characters)")
+    return AdapterSpec(name, path)
+
+
+@dataclass(frozen=True)
 class AdapterPlan:
     """The LoRA adapters served (``--lora``), their hot-swap rank and device slots (``None``: the defaults)."""
 
@@ -48,8 +69,6 @@ def served_models(args, parser: argparse.ArgumentParser) -> tuple[AdapterPlan, M
     model's (``--served-model-name``, else ``--model``) and the adapters'. ``parser.error`` (exit 2) for a malformed
     ``--lora``, a name given twice or equal to the base model's, or ``--lora-rank`` / ``--lora-gpu-slots`` out of
     range or without ``--lora``."""
-    from .bank import parse_lora_option
-
     specs = []
     for text in args.lora:
         try:
@@ -68,19 +87,3 @@ def served_models(args, parser: argparse.ArgumentParser) -> tuple[AdapterPlan, M
     except ValueError as exc:
         parser.error(str(exc))
     return AdapterPlan(tuple(specs), args.lora_rank, args.lora_gpu_slots), catalog
-
-
-def attach_adapters(pipe, adapters, catalog: ModelCatalog, prog: str) -> AdapterBank | None:
-    """Load the adapters of ``adapters`` (an :class:`AdapterPlan`: the specs, ``--lora-rank``, ``--lora-gpu-slots``) into ``pipe``'s transformer (before BCG or compile touch it), in the order of ``catalog``;
-    ``None`` without any. :class:`~bcg_diffusion.toolkit.options.Failure` (exit code 2) naming the adapter that cannot
-    be served."""
-    if not adapters.specs:
-        return None
-    from .bank import AdapterBank, AdapterError
-
-    try:
-        bank = AdapterBank(pipe, adapters.specs, catalog, target_rank=adapters.rank, gpu_slots=adapters.gpu_slots)
-        bank.load()
-    except AdapterError as exc:
-        raise Failure(2, f"{prog}: error: {exc}") from exc
-    return bank

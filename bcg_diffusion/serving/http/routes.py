@@ -110,7 +110,8 @@ async def generate(request: Request, state: ServerState) -> JSONResponse:
     """Body -> job (a 4xx before any pipeline work) -> the pipeline (a 503 when the queue is full, a 5xx when the call
     fails) -> the answer."""
     try:
-        job = state.planner.parse(await read_body(request, state.planner.limits.max_body_bytes))
+        body = await read_body(request, state.planner.limits.max_body_bytes)
+        job = state.planner.parse(body)
     except RequestError as error:
         logger.info("rejected (%d): %s", error.status, error.message)
         return error_response(error)
