@@ -197,6 +197,7 @@ def main() -> None:
 
     info = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
             "pool_apis": sorted(n for n in dir(torch._C) if "ool" in n and n.startswith("_cuda"))}
+    os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "crash_probe.jsonl")
     with open(path, "a") as f:
         f.write(json.dumps(info) + "\n")

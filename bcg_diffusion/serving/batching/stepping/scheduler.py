@@ -108,7 +108,8 @@ class StepScheduler:
         self.config = config or StepConfig()
         self.loop = loop_for(pipe, self.config)
         self.stats = StepStats(self.config.rows, self.config.policy)
-        self._host = HostWork(self.config.host_threads, self.config.switch_interval_s)
+        self._host = HostWork(self.config.host_threads, self.config.switch_interval_s,
+                              cuda=self.loop.device.type == "cuda")
         self.before_step, self._clock = before_step, clock
         self._cond = threading.Condition()
         self._waiting: dict[Hashable, deque[StepTicket]] = {}
@@ -318,7 +319,7 @@ class StepScheduler:
     def _start(self, batch: RunningBatch, ticket: StepTicket) -> bool:
         joined = self._clock()
         try:
-            rows, prepare_s = self._prepare(ticket) if ticket.prepared is None else ticket.prepared.result()
+            rows, prepare_s = self._prepare(ticket) if ticket.prepared is None else self._host.take(ticket.prepared)
         except BaseException as exc:  # noqa: BLE001 - this request fails, the batch goes on
             self._fail([ticket], exc)
             return False
