@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from ...toolkit.numbers import finite_float
+
 import torch
 
 import bcg_diffusion
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="break", choices=("break", "capture_safe"),
                    help="BCGConfig.attention: 'break' (default) breaks at every attention call, so the breaks have "
                         "arguments to check; with 'capture_safe' full-size models capture attention inline (no breaks)")
-    p.add_argument("--time-budget", type=float, default=50.0, help="seconds; rounds stop starting after it")
+    p.add_argument("--time-budget", type=finite_float, default=50.0, help="seconds; rounds stop starting after it")
     p.add_argument("--size", default="full", help="full (default) or tiny (a CPU dry run in debug mode)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
