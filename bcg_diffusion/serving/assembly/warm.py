@@ -12,6 +12,7 @@ from bcg_diffusion.toolkit.options import Failure
 from bcg_diffusion.toolkit.sizes import Size
 from bcg_diffusion.toolkit.stack import compiled_graphs
 
+from ..batching.slot_check import check_batched_sizes
 from ..batching.step_batching import StepBatcher
 from ..errors import RequestError
 from ..requests import RequestPlanner
@@ -33,6 +34,7 @@ def warm_server(plan: ServerPlan, planner: RequestPlanner, worker: PipelineWorke
     for note in warming.notes:
         print(f"  {note}", flush=True)
     summary = warm_pass(worker, runner, planner, warming, batching)
+    summary["batch_check"] = check_batching(worker, runner, planner, warming, batching)
     bank = runner.adapters
     if bank is not None:
         if bank.names:
@@ -46,6 +48,22 @@ def warm_server(plan: ServerPlan, planner: RequestPlanner, worker: PipelineWorke
         runner.refresh_stats()
     summary["compile_cache"] = save_compile_cache(compile_cache)
     return summary
+
+
+def check_batching(worker: PipelineWorker, runner: CallRunner, planner: RequestPlanner, warming: WarmupPlan,
+                   batching: Batching) -> list[str]:
+    """With request batching: the warmed sizes' batch check (:mod:`..batching.slot_check`), printed; a size it unbatches
+    is warmed again alone, so that no request captures. The printed lines (none without request batching)."""
+    if batching.shapes is None or isinstance(batching.batcher, StepBatcher) or not warming.sizes:
+        return []
+    before = set(batching.shapes.unbatched)
+    lines = check_batched_sizes(runner, planner, batching.shapes, list(warming.sizes), worker)
+    for line in lines:
+        print(f"    {line}", flush=True)
+    alone = [size for size in warming.sizes if size in batching.shapes.unbatched and size not in before]
+    if alone:
+        worker.submit(lambda: run_warmup(runner, planner, alone, batching.shapes, warming.steps)).result()
+    return lines
 
 
 def print_batched_sizes(plan: ServerPlan, planner: RequestPlanner, batching: Batching) -> None:

@@ -110,9 +110,15 @@ class BatchShapes:
     policy: BatchPolicy
     granularity: int
     hidden: int | None = field(init=False)
+    #: Sizes that run alone whatever their work, with the reason (:mod:`.slot_check`).
+    unbatched: dict[Size, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         self.hidden = _hidden_size(self.pipe)
+
+    def unbatch(self, size: Size, reason: str) -> None:
+        """Run the calls of ``size`` alone from now on (``reason`` is shown in :meth:`describe`)."""
+        self.unbatched[size] = reason
 
     def cfg_rows(self, call: dict[str, Any]) -> int:
         """2 where this call runs classifier-free guidance (a negative prompt would count), else 1."""
@@ -131,7 +137,7 @@ class BatchShapes:
         return self.policy.work_limit == 0 or work is None or work <= self.policy.work_limit
 
     def rows(self, size: Size, call: dict[str, Any]) -> int:
-        if not self.policy.enabled or not self.pays(size, call):
+        if not self.policy.enabled or size in self.unbatched or not self.pays(size, call):
             return 1
         return self.policy.max_batch
 
@@ -140,6 +146,8 @@ class BatchShapes:
 
     def describe(self, size: Size, call: dict[str, Any]) -> str:
         """One start-up line: whether this size is batched, and why."""
+        if size in self.unbatched:
+            return f"{size}: NOT batched: {self.unbatched[size]}; these requests run alone"
         work = self.work(size, call)
         if work is None:
             return (f"{size}: batched, {self.policy.max_batch} rows per call (the transformer's hidden size is "
