@@ -56,15 +56,15 @@ def test_the_batch_check_unbatches_a_size_whose_image_depends_on_its_slot(by_slo
     pipe = FakePipe(by_slot)
     shapes = BatchShapes(pipe, BatchPolicy(max_batch=4, work_limit=0), granularity=8)
     planner = FakePlanner()
-    lines = slot_check.check_batched_sizes(FakeRunner(pipe), planner, shapes, [SIZE], Worker())
+    lines, unbatched = slot_check.check_batched_sizes(FakeRunner(pipe), planner, shapes, [SIZE], Worker())
     call = planner.default_job(SIZE).call
     assert len(pipe.calls) == 2 and all(c[1] == "np" and c[2] == slot_check.CHECK_STEPS for c in pipe.calls)
     assert pipe.calls[0][0][0] == "slot check" and pipe.calls[1][0][3] == "slot check"  # slot 0, then the last slot
     if by_slot:
-        assert shapes.rows(SIZE, call) == 1 and SIZE in shapes.unbatched
+        assert shapes.rows(SIZE, call) == 1 and SIZE in shapes.unbatched and unbatched == [SIZE]
         assert "NOT batched" in lines[0] and "NOT batched" in shapes.describe(SIZE, call)
     else:
-        assert shapes.rows(SIZE, call) == 4 and not shapes.unbatched
+        assert shapes.rows(SIZE, call) == 4 and not shapes.unbatched and unbatched == []
         assert "passed" in lines[0]
 
 
@@ -75,6 +75,6 @@ def test_a_batch_check_that_cannot_run_unbatches_the_size():
 
     pipe = Broken(False)
     shapes = BatchShapes(pipe, BatchPolicy(max_batch=4, work_limit=0), granularity=8)
-    lines = slot_check.check_batched_sizes(FakeRunner(pipe), FakePlanner(), shapes, [SIZE], Worker())
-    assert shapes.rows(SIZE, FakePlanner().default_job(SIZE).call) == 1
+    lines, unbatched = slot_check.check_batched_sizes(FakeRunner(pipe), FakePlanner(), shapes, [SIZE], Worker())
+    assert shapes.rows(SIZE, FakePlanner().default_job(SIZE).call) == 1 and unbatched == [SIZE]
     assert "batch check failed (RuntimeError: no np output)" in lines[0]

@@ -56,11 +56,9 @@ def check_batching(worker: PipelineWorker, runner: CallRunner, planner: RequestP
     is warmed again alone, so that no request captures. The printed lines (none without request batching)."""
     if batching.shapes is None or isinstance(batching.batcher, StepBatcher) or not warming.sizes:
         return []
-    before = set(batching.shapes.unbatched)
-    lines = check_batched_sizes(runner, planner, batching.shapes, list(warming.sizes), worker)
+    lines, alone = check_batched_sizes(runner, planner, batching.shapes, list(warming.sizes), worker)
     for line in lines:
         print(f"    {line}", flush=True)
-    alone = [size for size in warming.sizes if size in batching.shapes.unbatched and size not in before]
     if alone:
         worker.submit(lambda: run_warmup(runner, planner, alone, batching.shapes, warming.steps)).result()
     return lines

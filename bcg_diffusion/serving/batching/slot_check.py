@@ -51,9 +51,11 @@ def probe_differs(runner, planner, size: Size, rows: int, steps: int = CHECK_STE
     return alone.shape != last.shape or not np.array_equal(alone, last)
 
 
-def check_batched_sizes(runner, planner, shapes, sizes: list[Size], worker) -> list[str]:
-    """Check every size of ``sizes`` that ``shapes`` batches; unbatch those whose probe differs. The log lines."""
+def check_batched_sizes(runner, planner, shapes, sizes: list[Size], worker) -> tuple[list[str], list[Size]]:
+    """Check every size of ``sizes`` that ``shapes`` batches; unbatch those whose probe differs (or whose check
+    fails). The log lines, and the sizes unbatched."""
     lines: list[str] = []
+    unbatched: list[Size] = []
     for size in sizes:
         job = planner.default_job(size)
         rows = shapes.rows_of(job)
@@ -63,13 +65,15 @@ def check_batched_sizes(runner, planner, shapes, sizes: list[Size], worker) -> l
             differs = worker.submit(lambda: probe_differs(runner, planner, size, rows)).result()
         except Exception as exc:  # noqa: BLE001 - unknown is treated as dependent: the size runs alone
             shapes.unbatch(size, f"the batch check could not run ({type(exc).__name__}: {exc})")
+            unbatched.append(size)
             lines.append(f"{size}: NOT batched: the batch check failed ({type(exc).__name__}: {exc}); these requests "
                          "run alone")
             continue
         if differs:
             shapes.unbatch(size, "a request's image depended on what shared its batched call (checked at start)")
+            unbatched.append(size)
             lines.append(f"{size}: NOT batched: a probe request's image at slot 0 and at slot {rows - 1} differed "
                          "bitwise, so batching would make images depend on their batch; these requests run alone")
         else:
             lines.append(f"{size}: batch check passed (a probe's image equal at slot 0 and slot {rows - 1})")
-    return lines
+    return lines, unbatched
