@@ -25,10 +25,10 @@ memory (allocated, reserved) is sampled through the loop. Reports ``capture_fail
 
 from __future__ import annotations
 
-from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import contextlib
 import copy
+import gc
 import logging
 import sys
 import time
@@ -41,6 +41,7 @@ import torch
 
 import bcg_diffusion
 from bcg_diffusion.core import is_recording_segment
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_pipelines import zoo
 
 from .capture_failures_report import LoopReport, write_reports
@@ -225,6 +226,11 @@ def run_loop(failures: int, device: torch.device, dtype: torch.dtype, time_budge
             report.warnings = heard
             report.seconds = time.perf_counter() - start
             loop.close()
+    if device.type == "cuda":
+        del loop
+        gc.collect()
+        torch.cuda.empty_cache()
+        report.reserved_after_release = torch.cuda.memory_reserved(device)
     return report
 
 

@@ -17,7 +17,8 @@ KEEP = 20  # mismatches and unhandled exceptions listed in full (all are counted
 class LoopReport:
     """Counts of one run. ``failures``: planted failures done, by means; ``failed_attempts``: capture
     attempts the plant made fail (the library retries a failed capture once); ``compared``: outputs
-    compared with the twin; ``memory``: ``(failures done, allocated, reserved)`` samples."""
+    compared with the twin; ``memory``: ``(failures done, allocated, reserved)`` samples; ``reserved_after_release``:
+    reserved bytes after the model was released and ``torch.cuda.empty_cache()`` ran (what the failures still hold)."""
 
     planned: int
     time_budget_s: float
@@ -34,6 +35,7 @@ class LoopReport:
     stats_start: dict[str, int] = field(default_factory=dict)
     stats_end: dict[str, int] = field(default_factory=dict)
     memory: list[tuple[int, int, int]] = field(default_factory=list)
+    reserved_after_release: int | None = None
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -119,7 +121,9 @@ def markdown(report: LoopReport) -> str:
         lines += ["", "## Device memory over the loop (MiB)", "",
                   f"Allocated {memory['first_allocated_mib']:.1f} -> {memory['last_allocated_mib']:.1f} (max "
                   f"{memory['max_allocated_mib']:.1f}); reserved {memory['first_reserved_mib']:.1f} -> "
-                  f"{memory['last_reserved_mib']:.1f} (max {memory['max_reserved_mib']:.1f}).", "",
+                  f"{memory['last_reserved_mib']:.1f} (max {memory['max_reserved_mib']:.1f})"
+                  + (f"; reserved after releasing the model and `empty_cache`: {report.reserved_after_release / MIB:.1f}"
+                     if report.reserved_after_release is not None else "") + ".", "",
                   "| failures done | allocated | reserved |", "|---|---|---|",
                   *[f"| {d} | {a / MIB:.1f} | {r / MIB:.1f} |" for d, a, r in report.memory]]
     for title, rows in (("Different outputs", report.mismatch_list), ("Unhandled exceptions", report.unhandled_list)):
