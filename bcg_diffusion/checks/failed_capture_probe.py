@@ -40,10 +40,10 @@ VARIANTS = [
     "lib_fresh_snapshot",  # + a pool-scoped memory_snapshot after every failure (what nonowning did)
     "lib_fresh_keep",  # the failed graphs kept alive
     "lib_one_failpool",  # every failure captures into ONE long-lived pool kept for failed captures
-    # as lib_fresh, with the library's release of a parked segment's pool turned off (core.capture._give_back_pool:
-    # capture_begin took a use count on the pool, capture_end failed, and torch never gives it back: pytorch
-    # #190348); the library before 2026-12-07 10:00 did so, and empty_cache could not free those pools
-    "lib_fresh_norelease",
+    # as lib_fresh (a fresh pool per failure, given), and where the failed segment was parked (capture_begin had
+    # taken a reference on the pool, capture_end failed and the parked graph never gives it back: pytorch #190348)
+    # that reference is given back with torch._C._cuda_releasePool, so empty_cache can free the pool
+    "lib_fresh_release",
 ]
 
 
@@ -53,10 +53,6 @@ def child(variant: str, n: int, budget: float) -> dict:
     from bcg_diffusion.core import BreakableCUDAGraph, BreakableCUDAGraphCapture
 
     dev = torch.device("cuda")
-    if variant == "lib_fresh_norelease":
-        from bcg_diffusion.core import capture
-
-        capture._give_back_pool = lambda pool, stream: None
     torch.manual_seed(0)
     w = torch.randn(256, 256, device=dev)
     x = torch.randn(64, 256, device=dev)
@@ -81,6 +77,9 @@ def child(variant: str, n: int, budget: float) -> dict:
             _raw_failure(torch, variant, kind if "item" not in variant else "item", x, w, shared_pool, kept, stream)
         else:
             pool = {"lib_shared": shared_pool, "lib_one_failpool": fail_pool}.get(variant)
+            if variant == "lib_fresh_release":
+                pool = torch.cuda.graph_pool_handle()
+            parked_before = _parked()
             g = BreakableCUDAGraph()
             try:
                 with BreakableCUDAGraphCapture(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
@@ -95,6 +94,8 @@ def child(variant: str, n: int, budget: float) -> dict:
                     h @ w
             except (ValueError, RuntimeError, KeyboardInterrupt):
                 pass
+            if variant == "lib_fresh_release":
+                _release_parked_pool(torch, pool, dev, _parked() - parked_before)
             if variant.endswith("keep"):
                 kept.append(g)
             if variant.endswith("snapshot"):
@@ -133,6 +134,16 @@ def _parked():
     from bcg_diffusion.core import failed_segment_count
 
     return failed_segment_count()
+
+
+def _release_parked_pool(torch, pool, dev, newly_parked: int) -> None:
+    """Give back the reference a parked segment's ``capture_begin`` took on ``pool``: only where exactly one segment
+    was parked by this failure (its capture began, its end failed); counted in ``FACTS``."""
+    if newly_parked != 1:
+        FACTS["release_skipped"] = FACTS.get("release_skipped", 0) + (newly_parked != 0)
+        return
+    torch._C._cuda_releasePool(dev.index, pool)
+    FACTS["pools_released"] = FACTS.get("pools_released", 0) + 1
 
 
 def _after_empty_cache(torch):

@@ -234,25 +234,6 @@ def _clean_up_failed_end(segment: torch.cuda.CUDAGraph, stream: Any, pool: Any) 
     finally:
         _cudart.cudart().cudaGetLastError()  # clear the error the failed capture left
     reset_generator_capture_state(stream.device)
-    _give_back_pool(pool, stream)
-
-
-def _give_back_pool(pool: Any, stream: Any) -> None:
-    """Give back the use count that a parked segment's ``capture_begin`` took on ``pool``.
-
-    torch releases a graph's pool in its ``reset`` only when its capture ended (``capture_ended_``); a segment
-    whose ``capture_end`` raised never gives its count back, parked or destroyed (pytorch #190348). Its pool
-    then stays in use for good and ``empty_cache`` cannot free the pool's blocks: about 34 MiB a failure on the
-    H100 probe (``lib_fresh``: 11.4 GiB reserved after ``empty_cache`` after 1,000 failures). The library never
-    captures into a pool again after a failure in it (retries get a fresh one), so giving the count back
-    here lets the allocator free the pool once its other graphs are gone."""
-    release = getattr(torch._C, "_cuda_releasePool", None)
-    if release is None or pool is None:
-        return
-    try:
-        release(stream.device.index, pool)
-    except Exception as exc:  # noqa: BLE001 - the pool stays in use: memory, not correctness
-        logger.debug("releasePool after a failed capture: %s", exc)
 
 
 def _stop_allocating_to(pool: Any, stream: Any) -> None:

@@ -303,38 +303,3 @@ def test_patch_attribute_puts_back_exactly_what_the_owner_held():
         handle.remove()  # idempotent
     assert "forward" not in vars(module) and "method" not in vars(own) and own.method() == "class"
     assert Owner.__dict__["method"](own) == "class"
-
-
-def test_a_parked_segment_gives_its_pool_use_count_back(monkeypatch):
-    """After a capture_end that raised, the segment is parked and the use count its capture_begin took on the pool is
-    given back (torch does not: pytorch #190348), once, for that pool on the stream's device."""
-    from bcg_diffusion.core import capture, failed_segments
-
-    calls = []
-    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda dev, pool: calls.append(("release", dev, pool)),
-                        raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda dev, pool: calls.append(("end", dev, pool)),
-                        raising=False)
-    monkeypatch.setattr(capture._cudart, "abandon_capture", lambda stream: calls.append(("abandon",)))
-    monkeypatch.setattr(capture._cudart, "cudart", lambda: type("R", (), {"cudaGetLastError": staticmethod(lambda: 0)}))
-    monkeypatch.setattr(capture, "reset_generator_capture_state", lambda device: calls.append(("reset",)))
-    stream = type("S", (), {"device": torch.device("cuda", 3)})()
-    segment = object()
-    parked = failed_segments.parked_count()
-    capture._clean_up_failed_end(segment, stream, (0, 7))
-    assert failed_segments.parked_count() == parked + 1
-    assert calls == [("end", 3, (0, 7)), ("abandon",), ("reset",), ("release", 3, (0, 7))]
-
-
-def test_a_failed_pool_release_is_only_logged(monkeypatch, caplog):
-    from bcg_diffusion.core import capture
-
-    def refuse(dev, pool):
-        raise RuntimeError("no such pool")
-
-    monkeypatch.setattr(torch._C, "_cuda_releasePool", refuse, raising=False)
-    stream = type("S", (), {"device": torch.device("cuda", 0)})()
-    with caplog.at_level("DEBUG", logger="bcg_diffusion"):
-        capture._give_back_pool((0, 9), stream)
-    assert "no such pool" in caplog.text
-    capture._give_back_pool(None, stream)  # no pool: nothing to give back
