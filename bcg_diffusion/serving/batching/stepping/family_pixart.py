@@ -57,17 +57,10 @@ class MaskedTextLoop(FamilyLoop):
     def step_kwargs(self, scheduler, generator, args: dict[str, Any]) -> dict[str, Any]:
         return self.pipe.prepare_extra_step_kwargs(generator, args["eta"])
 
-    def text_inputs(self, rows: list[Row], cfg: bool) -> dict[str, torch.Tensor]:
-        cond = self.joined(rows, "cond", TEXT)
-        if not cfg:
-            return cond
-        uncond = self.joined(rows, "uncond", TEXT)
-        return {name: torch.cat([uncond[name], cond[name]]) for name in TEXT}
-
     def predict(self, batch: RunningBatch) -> list[torch.Tensor | None]:
         rows = batch.members()
         cfg = batch.filler.uncond is not None
-        text = batch.assembled("text", lambda: self.text_inputs(rows, cfg))
+        text = batch.assembled("text", lambda: self.text_inputs(rows, TEXT, cfg))
         latents, timesteps = self.model_input(rows)
         if cfg:
             latents, timesteps = torch.cat([latents, latents]), torch.cat([timesteps, timesteps])

@@ -11,7 +11,7 @@ from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import c
 
 from .config import StepError
 from .loop import FamilyLoop
-from .rows import Row, RunningBatch
+from .rows import RunningBatch
 
 __all__ = ["SD3Loop"]
 
@@ -63,17 +63,10 @@ class SD3Loop(FamilyLoop):
         scheduler.set_timesteps(args["num_inference_steps"], device=self.device, **kwargs)
         return scheduler.timesteps
 
-    def text_inputs(self, rows: list[Row], cfg: bool) -> dict[str, torch.Tensor]:
-        cond = self.joined(rows, "cond", TEXT)
-        if not cfg:
-            return cond
-        uncond = self.joined(rows, "uncond", TEXT)
-        return {name: torch.cat([uncond[name], cond[name]]) for name in TEXT}
-
     def predict(self, batch: RunningBatch) -> list[torch.Tensor | None]:
         rows = batch.members()
         cfg = batch.filler.uncond is not None
-        text = batch.assembled("text", lambda: self.text_inputs(rows, cfg))
+        text = batch.assembled("text", lambda: self.text_inputs(rows, TEXT, cfg))
         latents, timesteps = self.batch_latents(rows), self.batch_timesteps(rows)
         if cfg:
             latents, timesteps = torch.cat([latents, latents]), torch.cat([timesteps, timesteps])

@@ -214,6 +214,16 @@ class FamilyLoop:
         """The ``part`` (``cond`` or ``uncond``) tensors of every row, concatenated along the batch."""
         return {name: torch.cat([getattr(r, part)[name] for r in rows]) for name in names}
 
+    @classmethod
+    def text_inputs(cls, rows: list[Row], names: tuple[str, ...], cfg: bool) -> dict[str, torch.Tensor]:
+        """The rows' text tensors ``names`` for one transformer call: the conditional rows, or with ``cfg`` the
+        unconditional rows followed by the conditional ones (the pipelines' ``torch.cat([uncond, cond])``)."""
+        cond = cls.joined(rows, "cond", names)
+        if not cfg:
+            return cond
+        uncond = cls.joined(rows, "uncond", names)
+        return {name: torch.cat([uncond[name], cond[name]]) for name in names}
+
     @staticmethod
     def guided(batch: RunningBatch, uncond: torch.Tensor, cond: torch.Tensor,
                after: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor | None]:
