@@ -15,6 +15,8 @@ one job per module, importing no command.
 - :mod:`.media`: writing images and videos; :mod:`.files`: checking that a file or folder can be written, writing a
   file whole or not at all.
 - :mod:`.numbers`: ``finite_float`` (the type of every float option) and whole numbers.
+- :mod:`.name_lists`: ``name_list``, the type of every comma-separated name option (``--families``,
+  ``--scenarios``).
 - :mod:`.model_limits`: the largest side and the fewest steps a model takes, read from its configs.
 - :mod:`.listening`: what the library says while a case runs (runner events, warnings, problems), for the
   zoo probe and the planting harness.

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.name_lists import name_list
 from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.sizes import sizes_argument
 
@@ -39,6 +40,8 @@ from .mix import DEFAULT_PROMPTS, MixSpec, build_mix
 __all__ = ["build_parser", "main"]
 
 DEFAULT_MAX_BATCH = 8
+#: ``--families``: PixArt-Sigma (the targets) and Flux (the gain).
+FAMILIES = ("pixart", "flux")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Batching on against off (issue 35), with the bitwise checks; "
                                 "JSON and Markdown reports.")
     p.add_argument("--out-dir", type=Path, required=True, help="where batching.json, batching.md and logs go")
-    p.add_argument("--families", default="pixart,flux", help="pixart (the targets), flux (the gain); default both")
+    p.add_argument("--families", type=name_list(FAMILIES), default=FAMILIES,
+                   help="pixart (the targets), flux (the gain); default both")
     p.add_argument("--size", choices=("tiny", "full"), default="full", help="model size (default: full)")
     p.add_argument("--device", default="cuda", help="the servers' --device (default: cuda)")
     p.add_argument("--image-size", type=sizes_argument, default="512x512",
@@ -230,12 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
-    if not families or any(f not in ("pixart", "flux") for f in families):
-        parser.error("--families: pixart, flux or both")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for family in families:
+    for family in args.families:
         try:
             results.append(run_family(family, args, args.out_dir / "logs"))
         except Exception as exc:  # noqa: BLE001 - e.g. a server that did not start: reported, then the next

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.name_lists import name_list
 from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_diffusion.toolkit.sizes import sizes_argument
 
@@ -96,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Step batching against the unbatched graph server (issue 46), with the "
                                 "bitwise checks; JSON and Markdown reports.")
     p.add_argument("--out-dir", type=Path, required=True, help="where step_bench.json, step_bench.md and logs go")
-    p.add_argument("--scenarios", default=",".join(ALL_SCENARIOS), help=f"default: {','.join(ALL_SCENARIOS)}")
+    p.add_argument("--scenarios", type=name_list(ALL_SCENARIOS), default=ALL_SCENARIOS,
+                   help=f"default: {','.join(ALL_SCENARIOS)}")
     p.add_argument("--size", choices=("tiny", "full"), default="full", help="model size (default: full)")
     p.add_argument("--device", default="cuda", help="the servers' --device (default: cuda)")
     p.add_argument("--sizes-mixed", type=sizes_argument, default="256x256,384x384", help="the mixed scenarios' sizes")
@@ -334,9 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-    if not names or any(n not in ALL_SCENARIOS for n in names):
-        parser.error(f"--scenarios: some of {', '.join(ALL_SCENARIOS)}")
+    names = list(args.scenarios)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.time_budget)
     try:
