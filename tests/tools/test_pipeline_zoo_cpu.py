@@ -260,3 +260,24 @@ def test_kv_cache_pipelines_in_debug_mode_replay_the_cached_steps_and_warn_once(
     later = [c for c in result.calls if c.label in ("seed 2", "seed 3", "callback")]  # two outputs: new keys
     assert all(c.counters["hits"] > 0 for c in later), [(c.label, c.counters) for c in result.calls]
     assert [c.label for c in result.calls if why in c.note] == ["seed 1"]
+
+
+def test_lanes_run_children_at_once_and_report_in_the_cases_order(tmp_path):
+    names = ["FluxPipeline", "SanaSprintPipeline", "PixArtSigmaPipeline"]
+    code = pipeline_probe.main(["--classes", ",".join(names), "--chunk", "1", "--jobs", "2", "--device", "cpu",
+                                "--out", str(tmp_path)])
+    assert code == 0
+    (json_path,) = tmp_path.glob("pipeline_zoo_probe_*.json")
+    report = json.loads(json_path.read_text())
+    order = [c.pipeline for c in pipeline_probe.select_cases(",".join(names))]
+    assert [r["name"] for r in report["results"]] == order
+    assert {r["status"] for r in report["results"]} == {"not accelerated"}
+    assert report["header"]["jobs"] == 2
+
+
+@pytest.mark.parametrize("argv, words", [(["--jobs", "0"], "--jobs must be >= 1"),
+                                         (["--jobs", "2", "--chunk", "0"], "give --chunk > 0 with it")])
+def test_jobs_needs_children(capsys, argv, words):
+    with pytest.raises(SystemExit):
+        pipeline_probe.parse_args(argv)
+    assert words in capsys.readouterr().err

@@ -5,7 +5,9 @@ Per class (:mod:`.pipeline_calls`): the tiny pipeline and an eager twin built wi
 one with a step-end callback that edits the latents, each compared bitwise with the twin's output; ``get_stats``
 (captured keys, segments, breaks, narrowing, module mode, eager calls and why). The classes run in child
 processes of ``--chunk`` classes each, so a native crash ends one class, not the run: the class a dead child was
-running is reported as a crash with the exit code, and the next child goes on after it. A JSON and a Markdown
+running is reported as a crash with the exit code, and the next child goes on after it. ``--jobs N`` runs N such
+children at once on the one device (the tiny classes leave it mostly idle: the host's Python is what takes the time),
+each lane taking every N-th class; the records are reported in the cases' order whichever lane ran them. A JSON and a Markdown
 report (:mod:`.pipeline_report`), ``pipeline_zoo_probe_<date>_<time>.{json,md}`` in ``--out``, are written after
 every class, with the totals against issue 49's targets and the
 classes that have no case (``bcg_pipelines.pipeline_zoo.NOT_BUILT`` and ``NOT_YET_BUILT``).
@@ -16,25 +18,28 @@ Without CUDA, ``accelerate_pipeline`` is a no-op: the run checks the builders, t
 Examples::
 
     python scripts/pipeline_zoo_probe.py --out bench_results/pipeline_zoo          # every class, bf16 on CUDA
+    python scripts/pipeline_zoo_probe.py --jobs 4 --chunk 10 --time-budget 200      # four children at a time
     python scripts/pipeline_zoo_probe.py --classes FluxFillPipeline,WanVACEPipeline --chunk 0
     python scripts/pipeline_zoo_probe.py --device cpu --debug --classes FluxPipeline --out /tmp/pz
 """
 
 from __future__ import annotations
 
-from bcg_diffusion.toolkit.numbers import finite_float
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
+from bcg_diffusion.toolkit.numbers import finite_float
 from bcg_pipelines import pipeline_zoo
 
 from ..environment import environment, output_base
@@ -62,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "whose eager output does not repeat (atomic adds: Nucleus-MoE's expert routing)")
     parser.add_argument("--chunk", type=int, default=50,
                         help="classes per child process (default 50); 0 runs every class in this process")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="child processes running at once (default 1), each taking every N-th class; needs --chunk > 0")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results file
     return parser
 
@@ -71,6 +78,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.chunk < 0:
         parser.error("--chunk must be >= 0")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    if args.jobs > 1 and args.chunk == 0:
+        parser.error("--jobs runs child processes: give --chunk > 0 with it")
     return args
 
 
@@ -203,6 +214,31 @@ def iter_in_children(cases, args: argparse.Namespace) -> Iterator[dict[str, Any]
         remaining = remaining[done:]
 
 
+def iter_in_lanes(cases, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """Each case's record from ``args.jobs`` lanes at once, lane ``i`` running cases ``i, i + jobs, ...`` through
+    :func:`iter_in_children`; records in the order they finish."""
+    finished: queue.Queue = queue.Queue()
+    done = object()
+
+    def lane(share) -> None:
+        try:
+            for record in iter_in_children(share, args):
+                finished.put(record)
+        finally:
+            finished.put(done)
+
+    lanes = [cases[i::args.jobs] for i in range(args.jobs) if cases[i::args.jobs]]
+    for share in lanes:
+        threading.Thread(target=lane, args=(share,), name="pipeline-probe-lane", daemon=True).start()
+    open_lanes = len(lanes)
+    while open_lanes:
+        record = finished.get()
+        if record is done:
+            open_lanes -= 1
+        else:
+            yield record
+
+
 def _printed(records) -> Iterator[dict[str, Any]]:
     """The records the parent makes itself (a child prints its own), printed as they go."""
     for record in records:
@@ -220,14 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     header = environment(settings.device, settings.dtype, settings.device.type == "cuda")
     header.update(command="python scripts/pipeline_zoo_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   derived_classes=len(pipeline_zoo.transformer_pipelines()), steps=args.steps, debug=args.debug,
-                  time_budget_s=args.time_budget, chunk=args.chunk, deterministic=args.deterministic)
+                  time_budget_s=args.time_budget, chunk=args.chunk, jobs=args.jobs, deterministic=args.deterministic)
     not_built = {**pipeline_zoo.NOT_BUILT, **pipeline_zoo.NOT_YET_BUILT} if not args.classes else {}
     records: list[dict[str, Any]] = []
-    results = iter_in_children(cases, args) if args.chunk else iter_in_process(cases, settings, args.time_budget)
+    if args.jobs > 1:
+        results = iter_in_lanes(cases, args)
+    else:
+        results = iter_in_children(cases, args) if args.chunk else iter_in_process(cases, settings, args.time_budget)
+    order = {case.pipeline: i for i, case in enumerate(cases)}
     stem = output_base(args.out, PREFIX).name
     json_path = md_path = None
     for record in results:
         records.append(record)
+        records.sort(key=lambda r: order.get(r["name"], len(order)))
         json_path, md_path = write_reports(args.out, stem, records, header, not_built)
         if args.chunk == 0:
             print(line(record), flush=True)
