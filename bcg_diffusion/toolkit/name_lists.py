@@ -23,5 +23,4 @@ def name_list(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
             raise argparse.ArgumentTypeError(f"{what}; give one or more of {','.join(choices)}, comma-separated")
         return names
 
-    parse.__name__ = "name list"  # argparse names the type in its own errors
     return parse

@@ -6,11 +6,11 @@ one with a step-end callback that edits the latents, each compared bitwise with 
 (captured keys, segments, breaks, narrowing, module mode, eager calls and why). The classes run in child
 processes of ``--chunk`` classes each, so a native crash ends one class, not the run: the class a dead child was
 running is reported as a crash with the exit code, and the next child goes on after it. ``--jobs N`` runs N such
-children at once on the one device (the tiny classes leave it mostly idle: the host's Python is what takes the time),
-each lane taking every N-th class; the records are reported in the cases' order whichever lane ran them. A JSON and a Markdown
-report (:mod:`.pipeline_report`), ``pipeline_zoo_probe_<date>_<time>.{json,md}`` in ``--out``, are written after
-every class, with the totals against issue 49's targets and the
-classes that have no case (``bcg_pipelines.pipeline_zoo.NOT_BUILT`` and ``NOT_YET_BUILT``).
+children at once on the one device (the tiny classes leave it mostly idle: the host's Python is what takes the
+time), each lane taking every N-th class; the records are reported in the cases' order whichever lane ran them. A
+JSON and a Markdown report (:mod:`.pipeline_report`), ``pipeline_zoo_probe_<date>_<time>.{json,md}`` in ``--out``,
+are written after every class, with the totals against issue 49's targets and the classes that have no case
+(``bcg_pipelines.pipeline_zoo.NOT_BUILT`` and ``NOT_YET_BUILT``).
 
 Without CUDA, ``accelerate_pipeline`` is a no-op: the run checks the builders, the calls and the plumbing only;
 ``--debug`` (``BCGConfig(debug=True)``) then runs the graph runner with segments executed eagerly.
@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk", type=int, default=50,
                         help="classes per child process (default 50); 0 runs every class in this process")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="child processes running at once (default 1), each taking every N-th class; needs --chunk > 0")
+                        help="child processes running at once (default 1), each taking every N-th class; "
+                        "needs --chunk > 0")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # a child's results file
     return parser
 
