@@ -230,11 +230,13 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
 
 
 def _calls(model: torch.nn.Module, bundle: Bundle, on_call=None) -> list[list[torch.Tensor]]:
+    """The calls of the plant, one per latents variant; under torch's deterministic algorithms for a class that adds
+    with atomics (:meth:`ZooCase.determinism`), twin and accelerated model alike."""
     outs = []
     for i, variant in enumerate(bundle.variants):
         bundle.latents.copy_(variant)
         _seed_call(i)
-        with torch.no_grad():
+        with torch.no_grad(), bundle.case.determinism():
             outs.append(_tensors(model(**bundle.inputs)))
         if on_call is not None:
             on_call()

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+from bcg_diffusion.toolkit.failed_calls import without_frame_locals
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["PipelineWorker", "ServerCounters", "request_grad_mode"]
@@ -78,7 +80,7 @@ class PipelineWorker:
                     try:
                         future.set_result(fn())
                     except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
-                        future.set_exception(exc)
+                        future.set_exception(without_frame_locals(exc))  # the failed call's tensors go now
             finally:
                 with self._lock:
                     self._running = 0

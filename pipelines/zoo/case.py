@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -71,6 +72,8 @@ class ZooCase:
             another call path of the same class (the case's ``name`` is then ``Class[variant]``).
         note: what the case exercises or why it is shaped so (facts for the reader of a probe table).
         family: the ``bcg_pipelines`` family name when the class is one of :data:`bcg_pipelines.families.FAMILIES`.
+        atomic_adds: its forward adds with atomics on CUDA (``scatter_add_`` in an expert routing), so its eager
+            output is not bitwise repeatable from run to run; checks run it under :meth:`determinism`.
     """
 
     class_name: str
@@ -79,10 +82,26 @@ class ZooCase:
     variant: str | None = None
     note: str = ""
     family: str | None = None
+    atomic_adds: bool = False
 
     @property
     def name(self) -> str:
         return self.class_name if self.variant is None else f"{self.class_name}[{self.variant}]"
+
+    @contextlib.contextmanager
+    def determinism(self):
+        """For a case with :attr:`atomic_adds`: torch's deterministic algorithms for the block (warnings only where
+        an op has none), as they were after it; nothing for the others. Run its eager and accelerated calls under
+        it alike, so that a difference between them is the accelerated one's."""
+        if not self.atomic_adds:
+            yield
+            return
+        before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def transformer_class(case: ZooCase) -> type:

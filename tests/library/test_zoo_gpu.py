@@ -2,8 +2,6 @@
 (narrowing to a method or class, host values in the key, module mode) and bitwise equal to eager;
 a call that changes its own input object runs eagerly."""
 
-import contextlib
-
 import pytest
 import torch
 
@@ -28,28 +26,15 @@ NINE = [
     "WanAnimate2Transformer3DModel",
 ]
 CASES = {case.name: case for case in zoo.zoo_cases()}
-# Forwards that add with atomics (scatter_add_ on CUDA: NucleusMoE's expert routing) are not bitwise repeatable from
-# run to run, not even eagerly (an H200 run differed from eager in the 7th decimal); they run under torch's
-# deterministic algorithms, eagerly and accelerated alike.
-ATOMIC_ADDS = {"NucleusMoEImageTransformer2DModel"}
+# Forwards that add with atomics (scatter_add_ on CUDA: NucleusMoE's expert routing, ZooCase.atomic_adds) are not
+# bitwise repeatable from run to run, not even eagerly (an H200 run differed from eager in the 7th decimal); they
+# run under torch's deterministic algorithms (ZooCase.determinism), eagerly and accelerated alike.
 CALLS = 4  # eager first call, capture, two replays
-
-
-@contextlib.contextmanager
-def _deterministic(on):
-    """torch's deterministic algorithms for the block (warnings only where an op has none), restored after."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    if on:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _probe(name):
     """Eager, then CALLS accelerated calls, on latents that change from call to call."""
-    with _deterministic(name in ATOMIC_ADDS):
+    with CASES[name].determinism():
         return _calls(name)
 
 

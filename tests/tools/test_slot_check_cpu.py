@@ -31,6 +31,10 @@ class FakePipe:
 class FakeRunner:
     def __init__(self, pipe):
         self.pipe = pipe
+        self.refreshed_after = []  # the pipeline calls made when the stats were refreshed
+
+    def refresh_stats(self):
+        self.refreshed_after.append(len(self.pipe.calls))
 
     def generator(self, seed):
         import torch
@@ -56,9 +60,11 @@ def test_the_batch_check_unbatches_a_size_whose_image_depends_on_its_slot(by_slo
     pipe = FakePipe(by_slot)
     shapes = BatchShapes(pipe, BatchPolicy(max_batch=4, work_limit=0), granularity=8)
     planner = FakePlanner()
-    lines, unbatched = slot_check.check_batched_sizes(FakeRunner(pipe), planner, shapes, [SIZE], Worker())
+    runner = FakeRunner(pipe)
+    lines, unbatched = slot_check.check_batched_sizes(runner, planner, shapes, [SIZE], Worker())
     call = planner.default_job(SIZE).call
     assert len(pipe.calls) == 2 and all(c[1] == "np" and c[2] == slot_check.CHECK_STEPS for c in pipe.calls)
+    assert runner.refreshed_after == [2]  # /stats counts the check's calls: a request's counters start after them
     assert pipe.calls[0][0][0] == "slot check" and pipe.calls[1][0][3] == "slot check"  # slot 0, then the last slot
     if by_slot:
         assert shapes.rows(SIZE, call) == 1 and SIZE in shapes.unbatched and unbatched == [SIZE]
@@ -75,6 +81,8 @@ def test_a_batch_check_that_cannot_run_unbatches_the_size():
 
     pipe = Broken(False)
     shapes = BatchShapes(pipe, BatchPolicy(max_batch=4, work_limit=0), granularity=8)
-    lines, unbatched = slot_check.check_batched_sizes(FakeRunner(pipe), FakePlanner(), shapes, [SIZE], Worker())
+    runner = FakeRunner(pipe)
+    lines, unbatched = slot_check.check_batched_sizes(runner, FakePlanner(), shapes, [SIZE], Worker())
     assert shapes.rows(SIZE, FakePlanner().default_job(SIZE).call) == 1 and unbatched == [SIZE]
+    assert runner.refreshed_after == [0]
     assert "batch check failed (RuntimeError: no np output)" in lines[0]

@@ -217,6 +217,33 @@ def test_failures_fail_their_request_or_their_batch_and_the_scheduler_goes_on(pi
     assert scheduler.snapshot()["requests"]["failed"] == 3
 
 
+def test_a_failed_step_hands_its_error_on_without_the_steps_locals(pipes, monkeypatch):
+    """What a failed step held (its tensors) is freed when its requests get the error, not when the cyclic garbage
+    collector gets to it (bcg_diffusion.toolkit.failed_calls); checked with the collector off."""
+    import gc
+    import weakref
+
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
+    refs = []
+
+    def failing_predict(batch):
+        held = torch.zeros(4)
+        refs.append(weakref.ref(held))
+        raise RuntimeError("injected in the step")
+
+    monkeypatch.setattr(scheduler.loop, "predict", failing_predict)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        ticket = scheduler.submit(StepRequest(call(pipe, "flux", "a fox", steps=2), seed=1))
+        scheduler.run_until_idle()
+        assert isinstance(ticket.future.exception(timeout=0), RuntimeError) and refs and refs[0]() is None
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeypatch):
     from bcg_diffusion.serving.batching.stepping import scheduler as scheduler_module
 

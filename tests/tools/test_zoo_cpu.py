@@ -106,6 +106,19 @@ def test_half_builds_keep_the_classes_fp32_modules():
     assert all(dtypes[n] == torch.bfloat16 for n in dtypes if n not in kept)
 
 
+def test_a_case_that_adds_with_atomics_runs_under_deterministic_algorithms_and_only_there():
+    cases = {case.name: case for case in zoo.zoo_cases()}
+    assert [n for n, c in cases.items() if c.atomic_adds] == ["NucleusMoEImageTransformer2DModel"]
+    assert not torch.are_deterministic_algorithms_enabled()
+    with cases["FluxTransformer2DModel"].determinism():
+        assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(RuntimeError, match="inside"):
+        with cases["NucleusMoEImageTransformer2DModel"].determinism():
+            assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+            raise RuntimeError("inside")
+    assert not torch.are_deterministic_algorithms_enabled()  # as it was, after an error too
+
+
 def test_unknown_class_names_the_case():
     bad = zoo.ZooCase("NoSuchTransformer", {}, lambda m: {})
     with pytest.raises(LookupError, match="NoSuchTransformer"):

@@ -14,7 +14,6 @@ says so. Passing is evidence, not a proof: one other companion and one other slo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
@@ -53,7 +52,15 @@ def probe_differs(runner, planner, size: Size, rows: int, steps: int = CHECK_STE
 
 def check_batched_sizes(runner, planner, shapes, sizes: list[Size], worker) -> tuple[list[str], list[Size]]:
     """Check every size of ``sizes`` that ``shapes`` batches; unbatch those whose probe differs (or whose check
-    fails). The log lines, and the sizes unbatched."""
+    fails). The log lines, and the sizes unbatched. The check's calls go around ``runner.run``, so the runner's
+    stats (``/stats``) are refreshed once they are done: a request's counters then start from after the check."""
+    try:
+        return _check_sizes(runner, planner, shapes, sizes, worker)
+    finally:
+        worker.submit(runner.refresh_stats).result()
+
+
+def _check_sizes(runner, planner, shapes, sizes: list[Size], worker) -> tuple[list[str], list[Size]]:
     lines: list[str] = []
     unbatched: list[Size] = []
     for size in sizes:

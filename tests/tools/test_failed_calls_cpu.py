@@ -1,0 +1,71 @@
+"""A failed call's error is handed on without the call's local variables (bcg_diffusion.toolkit.failed_calls): what
+a failed pipeline call held (its tensors, on the GPU in a server) is freed when the error reaches the waiting
+request, not when the cyclic garbage collector gets to it. Checked with the collector off."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from bcg_diffusion.serving.worker import PipelineWorker
+from bcg_diffusion.toolkit.failed_calls import without_frame_locals
+
+
+class Held:
+    """Stands for a call's tensors."""
+
+
+@pytest.fixture
+def collector_off():
+    was = gc.isenabled()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+def failing_call(refs: list):
+    held = Held()
+    refs.append(weakref.ref(held))
+    raise RuntimeError("the call failed")
+
+
+def caught(fn) -> BaseException:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_the_error_keeps_its_place_and_drops_the_locals_of_its_frames_and_of_its_context(collector_off):
+    refs: list = []
+
+    def during_handling():
+        try:
+            failing_call(refs)
+        except RuntimeError:
+            raise ValueError("while handling it") from None
+
+    error = caught(lambda: failing_call(refs))
+    assert refs[0]() is not None  # held by the traceback's frame
+    assert without_frame_locals(error) is error and refs[0]() is None
+    assert error.__traceback__ is not None and "failing_call" in "".join(
+        f.name for f in __import__("traceback").extract_tb(error.__traceback__))
+    chained = caught(during_handling)
+    assert isinstance(chained.__context__, RuntimeError) and refs[1]() is not None
+    without_frame_locals(chained)
+    assert refs[1]() is None  # the context's frames too
+
+
+def test_the_worker_hands_a_failure_to_its_request_without_the_calls_locals(collector_off):
+    worker = PipelineWorker("test-worker")
+    try:
+        refs: list = []
+        error = worker.submit(lambda: failing_call(refs)).exception(timeout=10)
+        assert isinstance(error, RuntimeError) and str(error) == "the call failed"
+        assert refs[0]() is None  # freed while the request still holds the error
+    finally:
+        worker.stop()
