@@ -1,0 +1,47 @@
+"""The shared-transformer check (bcg_diffusion.checks.shared_transformer) on the CPU: the plumbing only (without
+CUDA acceleration is a no-op): every generation of both threads compared with its seed's eager reference, a
+difference reported with the runner events of its window and the exit status 1, bad options refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bcg_diffusion.checks import shared_transformer
+
+ARGS = ["--device", "cpu", "--rounds", "1", "--generations", "2", "--steps", "1"]
+
+
+def test_every_generation_is_compared_and_reported(tmp_path):
+    assert shared_transformer.main([*ARGS, "--cpu-burners", "1", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "shared_transformer.json").read_text())
+    assert report["generations"] == 4 and report["different"] == 0 and report["errors"] == 0
+    assert sorted((g["thread"], g["index"], g["seed"]) for g in report["results"]) == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0)]
+    assert "different from eager: 0" in (tmp_path / "shared_transformer.md").read_text()
+
+
+def test_a_difference_fails_the_check_and_names_its_generation(tmp_path, monkeypatch):
+    real = shared_transformer.generate
+
+    def off_in_the_second_thread(pipe, seed, steps):  # the eager references are made on the main thread
+        latents = real(pipe, seed, steps)
+        return latents + 1 if shared_transformer.threading.current_thread().name == "pipeline-1" else latents
+
+    monkeypatch.setattr(shared_transformer, "generate", off_in_the_second_thread)
+    assert shared_transformer.main([*ARGS, "--out", str(tmp_path)]) == 1
+    report = json.loads((tmp_path / "shared_transformer.json").read_text())
+    different = [g for g in report["results"] if g["equal"] is False]
+    assert report["different"] == 2 and {g["thread"] for g in different} == {1}
+    assert all(g["max_diff"] == pytest.approx(1.0) for g in different)
+    assert "round 0, thread 1, call 0" in (tmp_path / "shared_transformer.md").read_text()
+
+
+@pytest.mark.parametrize("option", ["--rounds", "--generations", "--seeds", "--steps"])
+def test_counts_below_one_are_refused(option, capsys):
+    with pytest.raises(SystemExit) as exited:
+        shared_transformer.parse_args([option, "0"])
+    assert exited.value.code == 2 and f"{option} must be at least 1" in capsys.readouterr().err
+
+
