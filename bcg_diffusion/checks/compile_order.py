@@ -1,0 +1,172 @@
+"""Does it matter where torch.compile first compiles: in an eager call, or inside BCG's first accelerated call?
+
+Why: with ``--compile``, two eager servers give the same images, an eager and a BCG server do not (0 of 4 at
+Flux.1-dev 1024 px), while in one process the same stacks are bitwise equal with and without graphs (the stack
+benchmark, which compiles in an eager call first): docs/serving.md, "The speed stack". An eager server compiles in
+its warm-up's eager call, a BCG server inside its accelerated transformer's first call. This check runs each
+``--orders`` in a child process of its own (its own compile state; one compile cache on the machine, as two servers
+share it), the speed stack's compile layer (regional compile, the library's attention op) on one pipeline, and
+saves the latents of its calls:
+
+- ``eager_first``: an eager call (E), then ``accelerate_pipeline`` and two calls (B, B2);
+- ``bcg_first``: ``accelerate_pipeline``, two calls (B, B2), ``remove_acceleration``, an eager call (E);
+- ``warm_first``: as a BCG server starts: ``accelerate_pipeline``, ``bcg_diffusion.warmup`` of the size (2 steps),
+  then B, B2, ``remove_acceleration``, E;
+- ``eager_warm_first``: as an eager server starts: the warm-up without acceleration, E, then accelerated B, B2.
+
+Then every saved output of every order is compared bitwise with every other; ``compile_order.json`` and ``.md`` in
+``--out``. ``--no-compile`` leaves the compile layer out (the CPU test's plumbing).
+
+    python -m bcg_diffusion.checks.compile_order --family flux --size full --height 1024 --width 1024 --steps 4 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ORDERS = ("eager_first", "bcg_first", "warm_first", "eager_warm_first")
+
+
+def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str):
+    import torch
+
+    from bcg_diffusion.toolkit.stack import compiled_graphs
+
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = pipe(prompt="a red fox in the snow", height=args.height, width=args.width,
+                   num_inference_steps=args.steps, output_type="latent",
+                   generator=torch.Generator(pipe.device.type).manual_seed(args.seed))
+    if pipe.device.type == "cuda":
+        torch.cuda.synchronize()
+    info[tag] = {"s": round(time.perf_counter() - started, 3), "compiled_graphs": compiled_graphs()}
+    return out[0].detach().cpu().clone()
+
+
+def run_order(args: argparse.Namespace) -> dict[str, Any]:
+    """In this process: build, compile, run ``args.child``'s order; the latents by call and what happened."""
+    import bcg_diffusion
+    import bcg_pipelines as pipelines
+    from bcg_diffusion.toolkit.stack import compile_layer
+
+    order = args.child
+    pipe = pipelines.build_pipeline(args.family, size=args.size, device=args.device, seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    info: dict[str, Any] = {"order": order}
+    if args.compile:
+        info["compile"], _ = compile_layer(pipe.transformer)
+    outputs: dict[str, Any] = {}
+
+    def warm():
+        report = bcg_diffusion.warmup(pipe, [dict(height=args.height, width=args.width)], num_inference_steps=2)
+        info["warmup"] = str(report)[:300]
+
+    def accelerated(already: bool = False):
+        if not already:
+            bcg_diffusion.accelerate_pipeline(pipe)
+        outputs["B"] = _call(pipe, args, info, "B")
+        outputs["B2"] = _call(pipe, args, info, "B2")
+        stats = bcg_diffusion.get_stats(pipe)
+        info["bcg"] = None if stats is None else {n: getattr(stats, n) for n in ("hits", "captures", "eager_calls")}
+
+    if order in ("eager_first", "eager_warm_first"):
+        if order == "eager_warm_first":
+            warm()
+        outputs["E"] = _call(pipe, args, info, "E")
+        accelerated()
+    else:
+        if order == "warm_first":  # the server keeps what its warm-up captured
+            bcg_diffusion.accelerate_pipeline(pipe)
+            warm()
+        accelerated(already=order == "warm_first")
+        bcg_diffusion.remove_acceleration(pipe)
+        outputs["E"] = _call(pipe, args, info, "E")
+    return {"info": info, "outputs": outputs}
+
+
+def compare(saved: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every output against every other, across and within orders: which are bitwise equal."""
+    import torch
+
+    named = [(f"{order}.{tag}", t) for order, result in saved.items() for tag, t in result["outputs"].items()]
+    return [{"a": a, "b": b, "equal": bool(torch.equal(x, y))} for (a, x), (b, y) in itertools.combinations(named, 2)]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Compile order: {report['family']} {report['size']} {report['height']}x{report['width']}, "
+             f"{report['steps']} steps, compile {'on' if report['compile'] else 'off'}", "",
+             f"{report['date']}, commit `{report['commit']}`.", "", "| a | b | bitwise equal |", "|---|---|---|"]
+    lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO'} |" for c in report["comparisons"]]
+    lines += ["", "## Per order", ""] + [f"- {o}: {json.dumps(i, default=str)}" for o, i in report["orders"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bcg_diffusion.checks.compile_order",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="flux", help="a bcg_pipelines family (default flux)")
+    parser.add_argument("--size", default="full", choices=("tiny", "full"), help="default full")
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=4, help="denoising steps of each call (default 4)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated, of {', '.join(ORDERS)}")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="the speed stack's compile layer (default on)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per order's child (default 300)")
+    parser.add_argument("--out", type=Path, default=Path("outputs"))
+    parser.add_argument("--child", choices=ORDERS, help=argparse.SUPPRESS)  # run one order, save to --out
+    args = parser.parse_args(argv)
+    orders = [o for o in args.orders.split(",") if o]
+    unknown = [o for o in orders if o not in ORDERS]
+    if unknown or not orders:
+        parser.error(f"--orders: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ORDERS)}")
+    args.order_list = orders
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        import torch
+
+        torch.save(run_order(args), args.out / f"order_{args.child}.pt")
+        return 0
+    import torch
+
+    from .planting import current_commit
+
+    forwarded = ["--family", args.family, "--size", args.size, "--height", str(args.height), "--width",
+                 str(args.width), "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(args.out),
+                 "--compile" if args.compile else "--no-compile", *(["--device", args.device] if args.device else [])]
+    saved, failures = {}, {}
+    for order in args.order_list:
+        command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+        if done.returncode != 0:
+            failures[order] = done.stderr[-2000:]
+            continue
+        saved[order] = torch.load(args.out / f"order_{order}.pt")
+    report = {"family": args.family, "size": args.size, "height": args.height, "width": args.width,
+              "steps": args.steps, "compile": args.compile, "commit": current_commit(),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "orders": {o: r["info"] for o, r in saved.items()},
+              "failures": failures, "comparisons": compare(saved)}
+    (args.out / "compile_order.json").write_text(json.dumps(report, indent=1, default=str))
+    (args.out / "compile_order.md").write_text(markdown(report))
+    unequal = [c for c in report["comparisons"] if not c["equal"]]
+    print(f"{len(saved)} orders ran ({len(failures)} failed); {len(unequal)} of {len(report['comparisons'])} pairs "
+          f"differ; wrote {args.out / 'compile_order.json'} and .md")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The compile-order check (bcg_diffusion.checks.compile_order) on the CPU, plumbing only (no compile, and without
+CUDA acceleration is a no-op): each order's child gets the options it needs and saves its calls, every output is
+compared with every other, a failed child is reported, unknown orders are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from bcg_diffusion.checks import compile_order
+
+ARGS = ["--family", "flux", "--size", "tiny", "--height", "64", "--width", "64", "--steps", "1", "--no-compile",
+        "--device", "cpu"]
+
+
+def test_each_order_runs_in_its_child_and_every_output_is_compared(tmp_path, monkeypatch):
+    children = []
+    real_run = subprocess.run
+
+    def in_process(command, **kwargs):  # the child's command line, run here
+        if "bcg_diffusion.checks.compile_order" not in command:
+            return real_run(command, **kwargs)  # git, for the commit
+        argv = command[command.index("bcg_diffusion.checks.compile_order") + 1:]
+        children.append(argv)
+        if "bcg_first" in argv:
+            return SimpleNamespace(returncode=1, stderr="the child failed")
+        return SimpleNamespace(returncode=compile_order.main(argv), stderr="")
+
+    monkeypatch.setattr(subprocess, "run", in_process)
+    code = compile_order.main([*ARGS, "--orders", "eager_first,warm_first,bcg_first", "--out", str(tmp_path)])
+    assert code == 1  # a child failed
+    assert [a[a.index("--child") + 1] for a in children] == ["eager_first", "warm_first", "bcg_first"]
+    assert all("--no-compile" in a and a[a.index("--out") + 1] == str(tmp_path) for a in children)
+    report = json.loads((tmp_path / "compile_order.json").read_text())
+    assert report["failures"] == {"bcg_first": "the child failed"}
+    assert sorted(report["orders"]) == ["eager_first", "warm_first"]
+    pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
+    assert len(pairs) == 15 and ("eager_first.E", "warm_first.B") in pairs  # 6 outputs, every pair
+    assert all(c["equal"] for c in report["comparisons"])  # no acceleration on the CPU: the same calls
+    assert "warmup" in report["orders"]["warm_first"] and "| eager_first.E | eager_first.B | yes |" in (
+        tmp_path / "compile_order.md").read_text()
+
+
+def test_unknown_orders_are_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        compile_order.parse_args(["--orders", "eager_first,sideways"])
+    assert exited.value.code == 2 and "--orders: unknown sideways" in capsys.readouterr().err
