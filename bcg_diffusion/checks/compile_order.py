@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bcg_diffusion.toolkit.numbers import finite_float
+
 ORDERS = ("eager_first", "bcg_first", "warm_first", "eager_warm_first")
 
 
@@ -121,7 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated, of {', '.join(ORDERS)}")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="the speed stack's compile layer (default on)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per order's child (default 300)")
+    parser.add_argument("--timeout", type=finite_float, default=300.0, help="seconds per order's child (default 300)")
     parser.add_argument("--out", type=Path, default=Path("outputs"))
     parser.add_argument("--child", choices=ORDERS, help=argparse.SUPPRESS)  # run one order, save to --out
     args = parser.parse_args(argv)
