@@ -8,6 +8,8 @@ test_pipeline_zoo_run_a_cpu.py and test_pipeline_zoo_run_b_cpu.py.
 
 from __future__ import annotations
 
+import argparse
+
 import json
 
 import numpy as np
@@ -262,8 +264,26 @@ def test_kv_cache_pipelines_in_debug_mode_replay_the_cached_steps_and_warn_once(
     assert [c.label for c in result.calls if why in c.note] == ["seed 1"]
 
 
+def test_lane_i_takes_every_nth_case_and_the_lanes_run_at_once(monkeypatch):
+    import threading
+
+    started = threading.Barrier(3, timeout=10)  # three lanes: each waits until all three have started
+    shares = []
+
+    def children(share, args):
+        shares.append(list(share))
+        started.wait()
+        for case in share:
+            yield {"name": case}
+
+    monkeypatch.setattr(pipeline_probe, "iter_in_children", children)
+    records = list(pipeline_probe.iter_in_lanes(list("abcdefg"), argparse.Namespace(jobs=3)))
+    assert sorted(shares) == [["a", "d", "g"], ["b", "e"], ["c", "f"]]
+    assert sorted(r["name"] for r in records) == list("abcdefg")
+
+
 def test_lanes_run_children_at_once_and_report_in_the_cases_order(tmp_path):
-    names = ["FluxPipeline", "SanaSprintPipeline", "PixArtSigmaPipeline"]
+    names = ["FluxPipeline", "PixArtSigmaPipeline"]  # two children at once (the lanes' split: the test above)
     code = pipeline_probe.main(["--classes", ",".join(names), "--chunk", "1", "--jobs", "2", "--device", "cpu",
                                 "--out", str(tmp_path)])
     assert code == 0
