@@ -9,7 +9,6 @@ test_pipeline_zoo_run_a_cpu.py and test_pipeline_zoo_run_b_cpu.py.
 from __future__ import annotations
 
 import argparse
-
 import json
 
 import numpy as np
