@@ -70,7 +70,8 @@ class Scenario:
 
 SCENARIOS = {"mixed-c8": Scenario("mixed", 8, 1.8, 0.8), "mixed-c16": Scenario("mixed", 16, 1.8, 0.8),
              "mixed-c8-r4": Scenario("mixed", 8, 1.8, 0.8, rows=4),
-             "s256-c8": Scenario("small", 8, 2.2), "s512-c8": Scenario("large", 8, 1.25)}
+             "s256-c8": Scenario("small", 8, 2.2), "s256-c16": Scenario("small", 16, 2.2),
+             "s512-c8": Scenario("large", 8, 1.25), "s512-c16": Scenario("large", 16, 1.25)}
 ALL_SCENARIOS = (*SCENARIOS, "poisson")
 #: Seconds a closed-loop run may take beyond ``--time-limit`` (the requests in flight finish), in the budget.
 DRAIN_S = 4.0
