@@ -274,9 +274,7 @@ class RequestPlanner:
     def job(self, r: ImageRequest) -> GenerationJob:
         """Check a typed request against the limits and build its pipeline call."""
         self._check_texts(r)
-        lim = self.limits
-        n = 1 if r.n is None else r.n
-        max_n = lim.max_n if self.takes_batch else 1
+        n, max_n = 1 if r.n is None else r.n, self.max_n
         if not 1 <= n <= max_n:
             why = "" if self.takes_batch else f" ({type(self.pipe).__name__} makes one image per call)"
             raise RequestError(f"n={n} is out of range: 1 .. {max_n}{why}", param="n")
@@ -396,7 +394,12 @@ class RequestPlanner:
         return call
 
     # -- start-up ------------------------------------------------------------------------------------
-    def default_job(self, size: Size, prompt: str = "warm-up", model: str | None = None) -> GenerationJob:
-        """The job of a request that gives only ``prompt`` and ``size`` (and ``model``: an adapter's id); the warm-up
-        runs such jobs."""
-        return self.job(ImageRequest(prompt=prompt, size=str(size), model=model))
+    @property
+    def max_n(self) -> int:
+        """The most images one request may ask for (``--max-n``; 1 where the pipeline makes one image per call)."""
+        return self.limits.max_n if self.takes_batch else 1
+
+    def default_job(self, size: Size, prompt: str = "warm-up", model: str | None = None, n: int = 1) -> GenerationJob:
+        """The job of a request that gives only ``prompt`` and ``size`` (and ``model``: an adapter's id; ``n``: its
+        images); the warm-up runs such jobs."""
+        return self.job(ImageRequest(prompt=prompt, size=str(size), model=model, n=n))

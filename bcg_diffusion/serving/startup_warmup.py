@@ -9,7 +9,10 @@ request's (:mod:`.calls`: a default job, alone or in its batch), less the size a
 
 With batching (:mod:`.batching`), a size whose calls are batched is warmed at its batch shape: a list of
 ``--max-batch`` prompts with one image each, as every batched call of that size runs, so its requests replay
-whatever their ``n`` or their batch. Sizes of different shapes are warmed in one library call per shape.
+whatever their ``n`` or their batch. A size whose calls run alone (no batching, or a size batching leaves alone) is
+warmed once per ``n`` a request may ask for (1 .. ``--max-n``): a call alone makes its request's ``n`` images, and
+each ``n`` is an input shape of its own (a graph, and compiled code), which a request would otherwise capture.
+Sizes of one shape are warmed in one library call per shape.
 
 The speed stack decides what is warmed and how long (:func:`plan_warmup`): with a step cache each warm-up call runs
 the default step count (a cache reuses only after its own first steps, and a cached step may call a block at a
@@ -30,7 +33,7 @@ from .runner import CallRunner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "plan_warmup", "run_warmup", "warmup_batch"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "plan_warmup", "run_warmup", "warmup_batches"]
 
 #: Steps per warm-up call (the library's default), unless a step cache needs the default step count.
 WARMUP_STEPS = 2
@@ -81,26 +84,29 @@ class CombinedWarmupReport:
         return "\n".join(str(r) for r in self.reports)
 
 
-def warmup_batch(planner: RequestPlanner, size: Size, shapes=None, adapter: str | None = None) -> Batch:
-    """The batch a request of ``size`` with only a prompt (for ``adapter``; ``None``: the base model) makes: alone,
-    or at the rows its size is batched at (``shapes``: a :class:`.batching.request_batching.BatchShapes`; ``None``:
-    no batching).
-    ``RequestError`` where that request is not valid."""
+def warmup_batches(planner: RequestPlanner, size: Size, shapes=None, adapter: str | None = None) -> list[Batch]:
+    """The batches whose calls cover what requests of ``size`` with only a prompt (for ``adapter``; ``None``: the base
+    model) run: the one at the rows its size is batched at (``shapes``: a
+    :class:`.batching.request_batching.BatchShapes`; ``None``: no batching), else one alone per ``n`` from 1 to the
+    planner's ``max_n``. ``RequestError`` where such a request is not valid."""
     job = planner.default_job(size, model=adapter)  # the same checks as a request of that size
     rows = shapes.rows_of(job) if shapes is not None else 1
-    return Batch((job,), rows) if rows > 1 else Batch.alone(job)
+    if rows > 1:
+        return [Batch((job,), rows)]
+    return [Batch.alone(job)] + [Batch.alone(planner.default_job(size, model=adapter, n=n))
+                                 for n in range(2, planner.max_n + 1)]
 
 
 def run_warmup(runner: CallRunner, planner: RequestPlanner, sizes: list[Size], shapes=None,
                steps: int = WARMUP_STEPS, adapter: str | None = None):
     """Warm every size of ``sizes`` (validated as requests first: ``RequestError``) with calls of
-    ``steps`` steps, each with the call its requests make (:func:`warmup_batch`; sizes of one batch shape in one
+    ``steps`` steps, each with the call its requests make (:func:`warmup_batches`; sizes of one batch shape in one
     library call); the library's report (a :class:`CombinedWarmupReport` of them for several shapes). Call it on the
     worker thread."""
-    groups: dict[int | None, tuple[Batch, list[Size]]] = {}
+    groups: dict[tuple[int | None, int], tuple[Batch, list[Size]]] = {}
     for size in sizes:
-        batch = warmup_batch(planner, size, shapes, adapter)
-        groups.setdefault(batch.rows, (batch, []))[1].append(size)
+        for batch in warmup_batches(planner, size, shapes, adapter):
+            groups.setdefault((batch.rows, batch.jobs[0].n), (batch, []))[1].append(size)
     reports = [runner.warm(batch.call(), group, None if steps == WARMUP_STEPS else steps)
                for batch, group in groups.values()]
     return reports[0] if len(reports) == 1 else CombinedWarmupReport(reports)

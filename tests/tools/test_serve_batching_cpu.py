@@ -144,11 +144,13 @@ def test_the_warmup_runs_batched_sizes_at_their_batch_shape(planners, monkeypatc
     shapes.hidden = 1  # work = latent tokens: 64x64 (16 tokens) is batched, 256x256 (256 tokens) is not
     shapes.policy = BatchPolicy(max_batch=ROWS, work_limit=100)
     report = run_warmup(runner_of(planner), planner, [Size(64, 64), Size(256, 256)], shapes)
-    (batched_shapes, batched), (alone_shapes, alone) = seen
+    (batched_shapes, batched), *alone = seen
     assert batched_shapes == [dict(height=64, width=64)] and batched["prompt"] == [batched["prompt"][0]] * ROWS
-    assert batched["num_images_per_prompt"] == 1
-    assert alone_shapes == [dict(height=256, width=256)] and isinstance(alone["prompt"], str)
-    assert report.captures == 0 and len(report.reports) == 2
+    assert batched["num_images_per_prompt"] == 1  # a batched call has its rows whatever its requests' n
+    # the size left alone: one call per n a request may ask for, each n an input shape of its own
+    assert [call["num_images_per_prompt"] for _, call in alone] == list(range(1, planner.max_n + 1))
+    assert all(s == [dict(height=256, width=256)] and isinstance(c["prompt"], str) for s, c in alone)
+    assert report.captures == 0 and len(report.reports) == 1 + planner.max_n
 
 
 def test_the_work_rule(planners):

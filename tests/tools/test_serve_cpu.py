@@ -355,10 +355,13 @@ def test_warmup_calls_the_library_with_the_request_settings(monkeypatch, tiny_pi
     monkeypatch.setattr(bcg_diffusion, "warmup", lambda pipe, shapes, **call: seen.append((pipe, shapes, call))
                         or SimpleNamespace(total_s=0.0, captures=0), raising=False)
     run_warmup(_runner(planner), planner, [Size(64, 64), Size(80, 64)])
-    ((pipe, shapes, call),) = seen
-    assert pipe is planner.pipe and shapes == [dict(height=64, width=64), dict(height=64, width=80)]
-    assert call["num_images_per_prompt"] == 1 and call["guidance_scale"] == 3.5 and call["prompt"]
-    assert not {"height", "width", "num_inference_steps", "generator"} & set(call)
+    # without batching every call runs alone: one warm-up call per n a request may ask for (each n its own shape)
+    assert [call["num_images_per_prompt"] for _, _, call in seen] == list(range(1, planner.max_n + 1))
+    assert planner.max_n == 4  # --max-n's default
+    for pipe, shapes, call in seen:
+        assert pipe is planner.pipe and shapes == [dict(height=64, width=64), dict(height=64, width=80)]
+        assert call["guidance_scale"] == 3.5 and call["prompt"]
+        assert not {"height", "width", "num_inference_steps", "generator"} & set(call)
 
 
 @pytest.fixture(scope="module")

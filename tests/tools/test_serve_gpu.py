@@ -20,9 +20,10 @@ START_TIMEOUT_S = 300
 WARMED = ("64x64", "80x64")
 STEPS = 3  # the servers' --steps; Flux (guidance-distilled) and PixArt (batched CFG) make one call per step
 FAULTS = ("oom:__oom__", "error:__fail__")
+MAX_N = 2  # the servers' --max-n: the warm-up captures each warmed size at n = 1 and 2
 FAMILY_ARGS = {
-    "flux": f"--model flux --device cuda --steps {STEPS} --max-n 2 --warmup {','.join(WARMED)}",
-    "pixart": f"--model pixart --device cuda --steps {STEPS} --max-n 2 --no-resolution-binning --warmup {','.join(WARMED)}",
+    "flux": f"--model flux --device cuda --steps {STEPS} --max-n {MAX_N} --warmup {','.join(WARMED)}",
+    "pixart": f"--model pixart --device cuda --steps {STEPS} --max-n {MAX_N} --no-resolution-binning --warmup {','.join(WARMED)}",
 }
 REQUESTS = [
     {"prompt": "a red fox in the snow", "size": "64x64", "seed": 0},
@@ -56,10 +57,12 @@ def test_bcg_server_is_active_and_warmed(servers):
     assert s["server"]["bcg"] is True and s["bcg"] is not None
     assert s["server"]["warmup"]["sizes"] == list(WARMED)
     warmed = s["bcg"]
-    # one graph key per warmed size, captured and kept: no failed capture, no eager call, no fallback
-    assert warmed["captures"] == len(WARMED) and warmed["failed_captures"] == 0, warmed
+    # one graph key per warmed size and n (1 and 2, --max-n 2: calls run alone, each n an input shape of its own),
+    # captured and kept: no failed capture, no eager call, no fallback
+    keys = len(WARMED) * MAX_N
+    assert warmed["captures"] == keys and warmed["failed_captures"] == 0, warmed
     assert warmed["eager_calls"] == 0 and warmed["hits"] > 0, warmed
-    assert len(warmed["entries"]) == len(WARMED) and all(e["fallback"] is None for e in warmed["entries"]), warmed
+    assert len(warmed["entries"]) == keys and all(e["fallback"] is None for e in warmed["entries"]), warmed
     assert s["gpu_memory"]["allocated_bytes"] > 0
     assert stats(eager)["bcg"] is None and stats(eager)["server"]["bcg"] is False
 
@@ -76,11 +79,12 @@ def test_bcg_images_equal_eager_images_bitwise(servers):
 
 
 @COUNTERS_ONLY
-def test_a_warmed_size_replays_without_a_capture(servers):
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_warmed_size_replays_without_a_capture(servers, n):
     _, _, bcg = servers
     before = stats(bcg)["bcg"]
-    pixels(post(bcg, {"prompt": "a quiet harbor", "size": WARMED[1], "seed": 11}))
-    # every call of the request replayed a graph the warm-up captured (no capture, no first call)
+    assert len(pixels(post(bcg, {"prompt": "a quiet harbor", "size": WARMED[1], "seed": 11, "n": n}))) == n
+    # every call of the request replayed a graph the warm-up captured (no capture, no first call), n = 2 too
     assert_served(stats(bcg)["bcg"], before, STEPS)
 
 
