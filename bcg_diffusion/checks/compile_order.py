@@ -14,8 +14,10 @@ saves the latents of its calls:
   then B, B2, ``remove_acceleration``, E;
 - ``eager_warm_first``: as an eager server starts: the warm-up without acceleration, E, then accelerated B, B2.
 
-Then every saved output of every order is compared bitwise with every other; ``compile_order.json`` and ``.md`` in
-``--out``. ``--no-compile`` leaves the compile layer out (the CPU test's plumbing).
+Every call and warm-up runs under ``torch.inference_mode()``, as the servers' (``--no-inference-mode``: under
+``torch.no_grad()``, as the stack benchmark's and this check's first run, 2026-12-07 15:33, which found the four orders
+bitwise equal at Flux.1-dev 1024 px, 4 steps). Then every saved output of every order is compared bitwise with every
+other; ``compile_order.json`` and ``.md`` in ``--out``. ``--no-compile`` leaves the compile layer out (the CPU test's plumbing).
 
     python -m bcg_diffusion.checks.compile_order --family flux --size full --height 1024 --width 1024 --steps 4 --out DIR
 """
@@ -42,7 +44,7 @@ def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str):
     from bcg_diffusion.toolkit.stack import compiled_graphs
 
     started = time.perf_counter()
-    with torch.no_grad():
+    with grad_mode(args):
         out = pipe(prompt="a red fox in the snow", height=args.height, width=args.width,
                    num_inference_steps=args.steps, output_type="latent",
                    generator=torch.Generator(pipe.device.type).manual_seed(args.seed))
@@ -50,6 +52,14 @@ def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str):
         torch.cuda.synchronize()
     info[tag] = {"s": round(time.perf_counter() - started, 3), "compiled_graphs": compiled_graphs()}
     return out[0].detach().cpu().clone()
+
+
+def grad_mode(args: argparse.Namespace):
+    """The grad mode of every call: ``torch.inference_mode()`` as the servers' (``--inference-mode``), else
+    ``torch.no_grad()`` (as the stack benchmark's)."""
+    import torch
+
+    return torch.inference_mode() if args.inference_mode else torch.no_grad()
 
 
 def run_order(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,7 +77,8 @@ def run_order(args: argparse.Namespace) -> dict[str, Any]:
     outputs: dict[str, Any] = {}
 
     def warm():
-        report = bcg_diffusion.warmup(pipe, [dict(height=args.height, width=args.width)], num_inference_steps=2)
+        with grad_mode(args):
+            report = bcg_diffusion.warmup(pipe, [dict(height=args.height, width=args.width)], num_inference_steps=2)
         info["warmup"] = str(report)[:300]
 
     def accelerated(already: bool = False):
@@ -103,7 +114,8 @@ def compare(saved: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Compile order: {report['family']} {report['size']} {report['height']}x{report['width']}, "
-             f"{report['steps']} steps, compile {'on' if report['compile'] else 'off'}", "",
+             f"{report['steps']} steps, compile {'on' if report['compile'] else 'off'}, "
+             f"{'inference mode' if report.get('inference_mode') else 'no_grad'}", "",
              f"{report['date']}, commit `{report['commit']}`.", "", "| a | b | bitwise equal |", "|---|---|---|"]
     lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO'} |" for c in report["comparisons"]]
     lines += ["", "## Per order", ""] + [f"- {o}: {json.dumps(i, default=str)}" for o, i in report["orders"].items()]
@@ -123,6 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated, of {', '.join(ORDERS)}")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="the speed stack's compile layer (default on)")
+    parser.add_argument("--inference-mode", action=argparse.BooleanOptionalAction, default=True,
+                        help="calls and warm-up under torch.inference_mode(), as the servers' (default); "
+                             "--no-inference-mode: under torch.no_grad(), as the stack benchmark's")
     parser.add_argument("--timeout", type=finite_float, default=300.0, help="seconds per order's child (default 300)")
     parser.add_argument("--out", type=Path, default=Path("outputs"))
     parser.add_argument("--child", choices=ORDERS, help=argparse.SUPPRESS)  # run one order, save to --out
@@ -149,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
     forwarded = ["--family", args.family, "--size", args.size, "--height", str(args.height), "--width",
                  str(args.width), "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(args.out),
-                 "--compile" if args.compile else "--no-compile", *(["--device", args.device] if args.device else [])]
+                 "--compile" if args.compile else "--no-compile",
+                 "--inference-mode" if args.inference_mode else "--no-inference-mode", *(["--device", args.device] if args.device else [])]
     saved, failures = {}, {}
     for order in args.order_list:
         command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order]
@@ -159,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         saved[order] = torch.load(args.out / f"order_{order}.pt")
     report = {"family": args.family, "size": args.size, "height": args.height, "width": args.width,
-              "steps": args.steps, "compile": args.compile, "commit": current_commit(),
+              "steps": args.steps, "compile": args.compile, "inference_mode": args.inference_mode,
+              "commit": current_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "orders": {o: r["info"] for o, r in saved.items()},
               "failures": failures, "comparisons": compare(saved)}
     (args.out / "compile_order.json").write_text(json.dumps(report, indent=1, default=str))

@@ -33,9 +33,10 @@ def test_each_order_runs_in_its_child_and_every_output_is_compared(tmp_path, mon
     code = compile_order.main([*ARGS, "--orders", "eager_first,warm_first,bcg_first", "--out", str(tmp_path)])
     assert code == 1  # a child failed
     assert [a[a.index("--child") + 1] for a in children] == ["eager_first", "warm_first", "bcg_first"]
-    assert all("--no-compile" in a and a[a.index("--out") + 1] == str(tmp_path) for a in children)
+    assert all("--no-compile" in a and "--inference-mode" in a and a[a.index("--out") + 1] == str(tmp_path)
+               for a in children)  # the servers' grad mode by default
     report = json.loads((tmp_path / "compile_order.json").read_text())
-    assert report["failures"] == {"bcg_first": "the child failed"}
+    assert report["failures"] == {"bcg_first": "the child failed"} and report["inference_mode"] is True
     assert sorted(report["orders"]) == ["eager_first", "warm_first"]
     pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
     assert len(pairs) == 15 and ("eager_first.E", "warm_first.B") in pairs  # 6 outputs, every pair

@@ -18,7 +18,7 @@ MAX_PAGE_LINES = 270  # 260 until the speed stack's section (issue 47)
 
 # A result file's stem, e.g. bench_step_2026-11-29_171859_gpu0, optionally followed by `.json` or `.{json,md}`.
 RESULT_NAME = re.compile(
-    r"(?P<stem>(?:bench_(?:step|shapes|stack|offload)|cache_dit_bench|capture_failures|failed_capture_probe|soak|step_bench|capture_profile|capture_check_cost|pipeline_zoo_probe|zoo_probe|zoo_bench|compile_cache|serve_load|first_step_probe|batching|planting|batch_position)_\d{4}-\d{2}-\d{2}_\d{6}(?:_[a-z]+\d*)?)"
+    r"(?P<stem>(?:bench_(?:step|shapes|stack|offload)|cache_dit_bench|capture_failures|failed_capture_probe|soak|step_bench|capture_profile|capture_check_cost|pipeline_zoo_probe|zoo_probe|zoo_bench|compile_cache|serve_load|first_step_probe|batching|planting|batch_position|compile_order|shared_transformer)_\d{4}-\d{2}-\d{2}_\d{6}(?:_[a-z]+\d*)?)"
     r"(?:\.\{(?P<exts>[a-z]+(?:,[a-z]+)*)\}|\.(?P<ext>jsonl|json|md|png))?"
 )
 # A short form such as `_180341` or `_0903*`, which names no file that a test can check.
