@@ -104,12 +104,12 @@ def generate(pipe: Any, seed: int, steps: int) -> torch.Tensor:
         return pipe(**call_kwargs(pipe, seed, steps))[0].clone()
 
 
-def _burn_cpu(stop: threading.Event) -> None:
+def burn_cpu(stop: threading.Event) -> None:
     while not stop.is_set():
         sum(range(20_000))
 
 
-def _burn_gpu(stop: threading.Event, device: torch.device) -> None:
+def burn_gpu(stop: threading.Event, device: torch.device) -> None:
     stream = torch.cuda.Stream(device)
     with torch.cuda.stream(stream):
         x = torch.randn(2048, 2048, device=device)
@@ -164,9 +164,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log = EventLog()
     handle = bcg_diffusion.watch_every_runner(log)
     stop = threading.Event()
-    burners = [threading.Thread(target=_burn_cpu, args=(stop,), daemon=True) for _ in range(args.cpu_burners)]
+    burners = [threading.Thread(target=burn_cpu, args=(stop,), daemon=True) for _ in range(args.cpu_burners)]
     if args.gpu_burner and device.type == "cuda":
-        burners.append(threading.Thread(target=_burn_gpu, args=(stop, device), daemon=True))
+        burners.append(threading.Thread(target=burn_gpu, args=(stop, device), daemon=True))
     for b in burners:
         b.start()
     results: list[Generation] = []
