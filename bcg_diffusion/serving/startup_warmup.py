@@ -68,7 +68,9 @@ def plan_warmup(sizes: tuple[Size, ...], default_size: Size, default_steps: int,
 
 @dataclass
 class CombinedWarmupReport:
-    """The reports of several warm-up calls (one per batch shape), as one: ``total_s``, ``captures``, ``str()``."""
+    """The reports of several library warm-up calls (one per batch shape or ``n``), as one: ``total_s``,
+    ``captures``, and ``str()``: one report, its totals first, then every shape's line (its settings say its size
+    and ``num_images_per_prompt``)."""
 
     reports: list
 
@@ -81,7 +83,11 @@ class CombinedWarmupReport:
         return sum(int(r.captures) for r in self.reports)
 
     def __str__(self) -> str:
-        return "\n".join(str(r) for r in self.reports)
+        shapes = sum(len(getattr(r, "shapes", ())) for r in self.reports)
+        steps = "/".join(sorted({str(getattr(r, "num_inference_steps", "?")) for r in self.reports}))
+        head = (f"warm-up: {shapes} shape(s), {self.captures} graph key(s) captured, {self.total_s:.2f} s "
+                f"({steps} steps per call)")
+        return "\n".join([head] + [line for r in self.reports for line in str(r).splitlines()[1:]])
 
 
 def warmup_batches(planner: RequestPlanner, size: Size, shapes=None, adapter: str | None = None) -> list[Batch]:

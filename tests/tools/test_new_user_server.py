@@ -171,7 +171,10 @@ def test_quality_and_style_are_accepted_and_change_nothing(http):
 # -- 11 and 5: the warm-up report once, sizes labelled, no torchvision noise ----------------------------------
 def test_the_log_has_one_warmup_report_and_no_library_noise(spawned, http):
     log = spawned.log_path.read_text()
-    assert log.count("warm-up: 1 shape(s)") == 1, log
+    # one report for the one size, warmed once per n (1 .. --max-n 4: each n its own input shape)
+    assert [line for line in log.splitlines() if line.startswith("warm-up: ")] == [
+        next(line for line in log.splitlines() if line.startswith("warm-up: 4 shape(s)"))], log
+    assert sum("num_images_per_prompt=" in line for line in log.splitlines()) == 4, log
     assert "default 64x64 (WxH), 2 steps" in log and "warming up 64x64 (WxH;" in log, log  # 5: sizes labelled
     assert "torchvision" not in log and "is an Enum subclass" not in log, log
     assert "INFO bcg_pipelines" not in log and "INFO bcg_diffusion:" not in log, log
