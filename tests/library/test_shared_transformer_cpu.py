@@ -13,7 +13,9 @@ from bcg_diffusion.checks import shared_transformer
 ARGS = ["--device", "cpu", "--rounds", "1", "--generations", "2", "--steps", "1"]
 
 
-def test_every_generation_is_compared_and_reported(tmp_path):
+def test_every_generation_is_compared_and_reported(tmp_path, monkeypatch):
+    # a burner that waits: a spinning one makes every op of the pipelines wait for the interpreter lock on this CPU
+    monkeypatch.setattr(shared_transformer, "burn_cpu", lambda stop: stop.wait())
     assert shared_transformer.main([*ARGS, "--cpu-burners", "1", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "shared_transformer.json").read_text())
     assert report["generations"] == 4 and report["different"] == 0 and report["errors"] == 0
@@ -45,3 +47,17 @@ def test_counts_below_one_are_refused(option, capsys):
     assert exited.value.code == 2 and f"{option} must be at least 1" in capsys.readouterr().err
 
 
+
+
+def test_the_second_pipeline_keeps_the_first_ones_dtype():
+    """Diffusers' from_pipe casts the components the two pipelines share to float32 unless told otherwise: the check's
+    first GPU run compared float32 calls with bfloat16 references (60 of 60 different)."""
+    import torch
+
+    import bcg_pipelines as pipelines
+
+    pipe = pipelines.build_pipeline(shared_transformer.FAMILY, size="tiny", device="cpu", dtype=torch.bfloat16, seed=0)
+    other = shared_transformer.second_pipeline(pipe)
+    assert other.transformer is pipe.transformer and other.scheduler is not pipe.scheduler
+    assert pipe.transformer.dtype == pipe.text_encoder.dtype == pipe.vae.dtype == torch.bfloat16
+    assert type(pipe).from_pipe(pipe).transformer.dtype == torch.float32  # what from_pipe does by default
