@@ -60,3 +60,9 @@ def test_a_short_soak_of_a_live_server_passes_every_check(tmp_path):
     checks = checks_of(failing, 0.01, 0.05)
     assert checks["0 lost requests: every request answered"] is False
     assert checks["0 lost requests: /stats requests = ok + errors"] is False
+    capture = "nothing captured while serving (BCG: 0 new keys, 0 captures)"
+    assert checks[capture] is None  # an eager server: nothing to capture
+    bcg = {"hits": 9, "captures": 0, "failed_captures": 0, "eager_calls": 0, "misses": 0}
+    assert checks_of({**report, "bcg": bcg}, 0.01, 0.05)[capture] is True
+    # the soak of 2026-12-07 15:42: two keys the warm-up had not captured, met while serving
+    assert checks_of({**report, "bcg": {**bcg, "captures": 4, "misses": 2}}, 0.01, 0.05)[capture] is False

@@ -95,6 +95,9 @@ def checks_of(summary: dict[str, Any], gpu_tolerance: float, host_tolerance: flo
         "equal requests equal during the load": images["inconsistent_identities"] == 0,
         "every image equal to the same request alone": (images["alone_sent"] > 0 and not images["alone_mismatched"]
                                                         and not images["alone_failed"]),
+        # what the warm-up promises: every request replays (a new key captured while serving keeps its graph's memory)
+        "nothing captured while serving (BCG: 0 new keys, 0 captures)": None if summary["bcg"] is None
+        else summary["bcg"]["captures"] == 0 and summary["bcg"]["misses"] == 0,
         f"GPU memory after warm-up within {100 * gpu_tolerance:g} %": None if gpu is None
         else gpu["max_change"] <= gpu_tolerance,
         f"host memory after warm-up within {100 * host_tolerance:g} %": None if host is None
