@@ -244,7 +244,25 @@ def test_bench_stack_runs_on_the_cpu_and_checks_each_graphs_mode_against_its_twi
     (["--layers", "graphs,turbo"], "unknown turbo"),
     (["--quant", "fp8", "--layers", "quant"], "--quant fp8:"),
     (["--cached-steps", "0"], "--cached-steps must be >= 1"),
+    (["--cache-front-blocks", "0"], "--cache-front-blocks is too small"),
+    (["--cache-max-continuous", "0"], "--cache-max-continuous is too small"),
 ])
 def test_bench_stack_bad_options_exit_2(argv, needle, capsys):
     assert stack_bench.main(["--device", "cpu", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_cache_setting_states_what_it_caches():
+    import torch
+
+    from bcg_diffusion.benchmarks.stack.layers import CacheSetting
+
+    assert CacheSetting.most_cached(28, 4) == 12  # never two in a row: every other step after the warm-up
+    assert CacheSetting.most_cached(28, 4, max_continuous=2) == 16  # two of every three
+    flux_like = torch.nn.Module()
+    flux_like.transformer_blocks = torch.nn.ModuleList(torch.nn.Identity() for _ in range(19))
+    flux_like.single_transformer_blocks = torch.nn.ModuleList(torch.nn.Identity() for _ in range(38))
+    described = CacheSetting(4, 16, front_blocks=1, max_continuous=2).describe(flux_like)
+    assert (described["Fn_compute_blocks"], described["max_cached_steps"], described["max_continuous_cached_steps"]) == (
+        1, 16, 2)
+    assert CacheSetting(4, 12).describe(flux_like)["Fn_compute_blocks"] == 8  # the default: DBCache's F8B0

@@ -64,27 +64,37 @@ def layer_modes(layers: tuple[str, ...]) -> list[Mode]:
 @dataclass(frozen=True)
 class CacheSetting:
     """cache-dit's DBCache as the ``cache`` layer sets it: the first ``warmup_steps`` steps always compute, then at
-    most ``cached_steps`` steps reuse cached residuals, never two in a row, with a threshold every step passes, so the
-    count is the same on any weights (the ``Fn`` front blocks of a cached step still compute)."""
+    most ``cached_steps`` steps reuse cached residuals, at most ``max_continuous`` in a row, with a threshold every
+    step passes, so the count is the same on any weights. The ``front_blocks`` first blocks of a cached step still
+    compute (cache-dit's ``Fn``; at most the length of the transformer's shortest block list)."""
 
     warmup_steps: int
     cached_steps: int
+    front_blocks: int = 8
+    max_continuous: int = 1
+
+    @staticmethod
+    def most_cached(steps: int, warmup_steps: int, max_continuous: int = 1) -> int:
+        """The most steps of a call of ``steps`` steps that can reuse: after the warm-up, ``max_continuous`` of every
+        ``max_continuous + 1`` (at least 1)."""
+        return max(1, (steps - warmup_steps) * max_continuous // (max_continuous + 1))
 
     def config(self, transformer: torch.nn.Module) -> Any:
         import cache_dit
 
         lists = [len(c) for c in transformer.children() if isinstance(c, torch.nn.ModuleList) and len(c)]
-        front = min(8, min(lists)) if lists else 8
+        front = min(self.front_blocks, min(lists)) if lists else self.front_blocks
         return cache_dit.DBCacheConfig(Fn_compute_blocks=front, Bn_compute_blocks=0,
                                        residual_diff_threshold=EVERY_STEP_PASSES, max_warmup_steps=self.warmup_steps,
-                                       max_cached_steps=self.cached_steps, max_continuous_cached_steps=1)
+                                       max_cached_steps=self.cached_steps,
+                                       max_continuous_cached_steps=self.max_continuous)
 
     def describe(self, transformer: torch.nn.Module) -> dict[str, Any]:
         config = self.config(transformer)
         return {"library": "cache-dit", "config": type(config).__name__, "Fn_compute_blocks": config.Fn_compute_blocks,
                 "Bn_compute_blocks": config.Bn_compute_blocks, "residual_diff_threshold": EVERY_STEP_PASSES,
                 "max_warmup_steps": self.warmup_steps, "max_cached_steps": self.cached_steps,
-                "max_continuous_cached_steps": 1}
+                "max_continuous_cached_steps": self.max_continuous}
 
 
 @dataclass

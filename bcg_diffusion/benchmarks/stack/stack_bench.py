@@ -81,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the layers to add, a subset of {','.join(LAYERS)} (default: all; eager always runs)")
     p.add_argument("--quant", choices=QUANT_NAMES, default="fp8", help="the quant layer's torchao config (default fp8)")
     p.add_argument("--cached-steps", type=int, default=None, metavar="K",
-                   help="steps the cache layer reuses (default: half of the steps after --cache-warmup)")
+                   help="steps the cache layer reuses (default: the most --cache-max-continuous allows after "
+                   "--cache-warmup: half of the rest with 1)")
+    p.add_argument("--cache-front-blocks", type=int, default=8, metavar="F",
+                   help="first blocks a cached step still computes (cache-dit's Fn; default 8)")
+    p.add_argument("--cache-max-continuous", type=int, default=1, metavar="C",
+                   help="most cached steps in a row (default 1: never two)")
     p.add_argument("--cache-warmup", type=int, default=DEFAULT_CACHE_WARMUP, metavar="W",
                    help=f"first steps the cache layer always computes (default {DEFAULT_CACHE_WARMUP})")
     p.add_argument("--reps", type=int, default=2, help="timed images per mode after its first (default 2)")
@@ -106,7 +111,7 @@ def check_options(opts, parser: argparse.ArgumentParser) -> tuple[list[Case], tu
     if unknown or not cases:
         parser.error(f"--layers: unknown {', '.join(unknown)}; choose from {', '.join(LAYERS)}" if unknown
                      else "--cases names no case")
-    for name in ("reps", "cache_warmup"):
+    for name in ("reps", "cache_warmup", "cache_front_blocks", "cache_max_continuous"):
         if getattr(opts, name) < (0 if name == "reps" else 1):
             parser.error(f"--{name.replace('_', '-')} is too small (got {getattr(opts, name)})")
     if opts.cached_steps is not None and opts.cached_steps < 1:
@@ -234,7 +239,8 @@ def run_case(case: Case, opts, device: torch.device, dtype, budget: Budget, log,
 def run_stack(pipe, call: dict[str, Any], case: Case, opts, device, budget: Budget, log, save,
               result: dict[str, Any]) -> None:
     """The modes of ``case`` on its built pipeline, into ``result``; every layer undone at the end."""
-    setting = CacheSetting(opts.cache_warmup, opts.cached_steps or max(1, (case.steps - opts.cache_warmup) // 2))
+    cached = opts.cached_steps or CacheSetting.most_cached(case.steps, opts.cache_warmup, opts.cache_max_continuous)
+    setting = CacheSetting(opts.cache_warmup, cached, opts.cache_front_blocks, opts.cache_max_continuous)
     stacked = StackedPipeline(pipe, opts.quant, setting, opts.bcg_config, device)
     result.update(call={k: v for k, v in call.items() if k != "prompt"},
                   cache=setting.describe(pipe.transformer) if "cache" in opts.layers_chosen else None)
