@@ -33,7 +33,7 @@ from .runner import CallRunner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "plan_warmup", "run_warmup", "warmup_batches"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "plan_warmup", "make_room_to_compile", "run_warmup", "warm_shapes", "warmup_batches"]
 
 #: Steps per warm-up call (the library's default), unless a step cache needs the default step count.
 WARMUP_STEPS = 2
@@ -101,6 +101,25 @@ def warmup_batches(planner: RequestPlanner, size: Size, shapes=None, adapter: st
         return [Batch((job,), rows)]
     return [Batch.alone(job)] + [Batch.alone(planner.default_job(size, model=adapter, n=n))
                                  for n in range(2, planner.max_n + 1)]
+
+
+def warm_shapes(planner: RequestPlanner, sizes: list[Size], shapes=None) -> int:
+    """The input shapes the warm-up's calls of ``sizes`` make (:func:`warmup_batches`: a batch shape, or each ``n``)."""
+    return sum(len(warmup_batches(planner, size, shapes)) for size in sizes)
+
+
+def make_room_to_compile(count: int) -> str | None:
+    """With ``--compile``: torch compiles at most ``torch._dynamo.config.recompile_limit`` input shapes per block class
+    and runs the others uncompiled; raise it to ``count`` (the warm-up's shapes) where it is lower. The line to print,
+    ``None`` when the limit was enough."""
+    import torch._dynamo
+
+    limit = torch._dynamo.config.recompile_limit
+    if count <= limit:
+        return None
+    torch._dynamo.config.recompile_limit = count
+    return (f"compile: the warm-up makes {count} input shapes (sizes x n, x2 with adapters); torch's recompile_limit "
+            f"raised from {limit} to {count}, so that each of them is compiled")
 
 
 def run_warmup(runner: CallRunner, planner: RequestPlanner, sizes: list[Size], shapes=None,

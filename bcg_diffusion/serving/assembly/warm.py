@@ -18,7 +18,7 @@ from ..errors import RequestError
 from ..requests import RequestPlanner
 from ..runner import CallRunner
 from ..server_plan import ServerPlan, prog
-from ..startup_warmup import WarmupPlan, plan_warmup, run_warmup
+from ..startup_warmup import WarmupPlan, make_room_to_compile, plan_warmup, run_warmup, warm_shapes
 from ..worker import PipelineWorker
 from .batching import Batching
 
@@ -31,7 +31,12 @@ def warm_server(plan: ServerPlan, planner: RequestPlanner, worker: PipelineWorke
     base model's pass, with ``compile_cache``: the saving's line, ``None`` without one)."""
     print_batched_sizes(plan, planner, batching)
     warming = plan_warmup(plan.warmup, planner.default_size, planner.default_steps, plan.stack)
-    for note in warming.notes:
+    notes = list(warming.notes)
+    if plan.stack.compile:
+        bank = runner.adapters
+        states = 2 if bank is not None and bank.names else 1  # an adapter in the slot: other code, other graphs
+        notes.append(make_room_to_compile(states * warm_shapes(planner, list(warming.sizes), batching.shapes)))
+    for note in filter(None, notes):
         print(f"  {note}", flush=True)
     summary = warm_pass(worker, runner, planner, warming, batching)
     summary["batch_check"] = check_batching(worker, runner, planner, warming, batching)
