@@ -364,17 +364,20 @@ def test_warmup_calls_the_library_with_the_request_settings(monkeypatch, tiny_pi
         assert not {"height", "width", "num_inference_steps", "generator"} & set(call)
 
 
-def test_a_compiled_warmup_raises_the_recompile_limit_to_its_shapes(monkeypatch, tiny_pipes):
+def test_a_compiled_warmup_raises_the_recompile_limit_to_its_shapes(tiny_pipes):
     import torch._dynamo
 
     from bcg_diffusion.serving.startup_warmup import make_room_to_compile, warm_shapes
 
     planner = _planner(tiny_pipes, "flux")
     assert warm_shapes(planner, [Size(64, 64), Size(80, 64), Size(96, 64)]) == 12  # calls alone: n = 1 .. 4 each
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    note = make_room_to_compile(12)  # torch would compile 8 of them and run 4 uncompiled
-    assert torch._dynamo.config.recompile_limit == 12 and "raised from 8 to 12" in note
-    assert make_room_to_compile(10) is None and torch._dynamo.config.recompile_limit == 12
+    # torch's own patch puts the limit back (monkeypatch's undo breaks the config module's attribute)
+    before = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=8):
+        note = make_room_to_compile(12)  # torch would compile 8 of them and run 4 uncompiled
+        assert torch._dynamo.config.recompile_limit == 12 and "raised from 8 to 12" in note
+        assert make_room_to_compile(10) is None and torch._dynamo.config.recompile_limit == 12
+    assert torch._dynamo.config.recompile_limit == before
 
 
 @pytest.fixture(scope="module")
