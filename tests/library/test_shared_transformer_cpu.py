@@ -36,7 +36,9 @@ def test_a_difference_fails_the_check_and_names_its_generation(tmp_path, monkeyp
     report = json.loads((tmp_path / "shared_transformer.json").read_text())
     different = [g for g in report["results"] if g["equal"] is False]
     assert report["different"] == 2 and {g["thread"] for g in different} == {1}
-    assert all(g["max_diff"] == pytest.approx(1.0) for g in different)
+    # latents + 1 in float32, less the reference: 1 up to the rounding of the larger values (CI once failed the
+    # default relative 1e-6; its value was not kept: the message now prints them)
+    assert all(g["max_diff"] == pytest.approx(1.0, abs=1e-4) for g in different), [g["max_diff"] for g in different]
     assert "round 0, thread 1, call 0" in (tmp_path / "shared_transformer.md").read_text()
 
 
