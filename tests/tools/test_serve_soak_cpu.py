@@ -66,3 +66,25 @@ def test_a_short_soak_of_a_live_server_passes_every_check(tmp_path):
     assert checks_of({**report, "bcg": bcg}, 0.01, 0.05)[capture] is True
     # the soak of 2026-12-07 15:42: two keys the warm-up had not captured, met while serving
     assert checks_of({**report, "bcg": {**bcg, "captures": 4, "misses": 2}}, 0.01, 0.05)[capture] is False
+
+
+def test_the_report_names_the_graph_keys_met_while_serving():
+    from types import SimpleNamespace
+
+    from bcg_diffusion.serving.load import soak_report
+
+    warm = {"key": "(256x256, 8 rows)", "memory_bytes": 2**20}
+    met = {"key": "(256x320, n=2)", "memory_bytes": 52 * 2**20}
+    counters = {"hits": 10, "captures": 4, "failed_captures": 0, "eager_calls": 0, "misses": 4}
+    run = SimpleNamespace(stats_start={"bcg": {**counters, "entries": [warm]}},
+                          stats_end={"bcg": {**counters, "hits": 30, "captures": 5, "misses": 5, "entries": [warm, met]}})
+    bcg = soak_report._bcg(run)
+    assert (bcg["hits"], bcg["captures"], bcg["misses"]) == (20, 1, 1) and bcg["new_keys"] == [met]
+    summary = {"header": {"date": "d", "concurrency": 1, "time_limit_s": 1.0}, "sent": 1, "wall_s": 1.0, "passed": False,
+               "by_kind": {}, "lost": 0, "not_sent": 0, "unexpected_count": 0, "client_5xx_not_injected": 0,
+               "server_counters": {"requests": 1, "ok": 1, "errors": {}},
+               "images": {"distinct_answered": 1, "alone_equal": 1, "alone_sent": 1, "inconsistent_identities": 0},
+               "latency_s": {"p50": 1.0, "p99": 1.0}, "bcg": bcg, "checks": {}, "checkpoints": [], "unexpected": []}
+    text = soak_report.markdown(summary)
+    assert "## Graph keys met while serving" in text and "- `(256x320, n=2)`: 52.0 MiB of graph memory" in text
+    assert "new_keys" not in text.split("## Checks")[0]  # the counters line keeps to the counters

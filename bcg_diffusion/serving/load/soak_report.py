@@ -132,11 +132,16 @@ def report(run: Any, requests: list, header: dict[str, Any], *, kinds: tuple[str
 
 
 def _bcg(run: Any) -> dict[str, Any] | None:
-    """BCG's counters over the soak (``None`` for an eager server)."""
+    """BCG's counters over the soak (``None`` for an eager server), with ``new_keys``: the graph keys met while serving,
+    each as ``/stats`` describes it (``key``) with its graph memory (``memory_bytes``)."""
     start, end = run.stats_start.get("bcg"), run.stats_end.get("bcg")
     if not start or not end:
         return None
-    return {n: end.get(n, 0) - start.get(n, 0) for n in ("hits", "captures", "failed_captures", "eager_calls", "misses")}
+    moved = {n: end.get(n, 0) - start.get(n, 0) for n in ("hits", "captures", "failed_captures", "eager_calls", "misses")}
+    known = {e.get("key") for e in start.get("entries") or ()}
+    moved["new_keys"] = [{"key": e.get("key"), "memory_bytes": e.get("memory_bytes")}
+                         for e in end.get("entries") or () if e.get("key") not in known]
+    return moved
 
 
 def _mib(value: int | None) -> str:
@@ -150,13 +155,14 @@ def markdown(s: dict[str, Any]) -> str:
         f"{h['date']}; server `bcg-serve {' '.join(h.get('server_args') or []) or h.get('url')}`; "
         f"{h['concurrency']} clients, time limit {h['time_limit_s']:.0f} s. {h.get('note') or ''}", "",
         f"- result: {'PASS' if s['passed'] else 'FAIL'}",
-        f"- requests by kind: " + ", ".join(f"{k} {v['sent']}" for k, v in s["by_kind"].items()),
+        "- requests by kind: " + ", ".join(f"{k} {v['sent']}" for k, v in s["by_kind"].items()),
         f"- lost (no answer, not a disconnecting client): {s['lost']}; not sent (time limit): {s['not_sent']}",
         f"- /stats: {counters['requests']} requests = {counters['ok']} ok + errors {counters['errors']}",
         f"- answers not as their kind expects: {s['unexpected_count']}; 5xx not injected: {s['client_5xx_not_injected']}",
         f"- images: {images['distinct_answered']} distinct requests, {images['alone_equal']} of {images['alone_sent']} "
         f"equal alone; equal requests different during the load: {images['inconsistent_identities']}",
-        f"- image latency p50 {s['latency_s']['p50'] or 0:.3f} s, p99 {s['latency_s']['p99'] or 0:.3f} s; BCG: {s['bcg']}",
+        f"- image latency p50 {s['latency_s']['p50'] or 0:.3f} s, p99 {s['latency_s']['p99'] or 0:.3f} s; BCG: "
+        f"{ {k: v for k, v in s['bcg'].items() if k != 'new_keys'} if s['bcg'] else None}",
         "", "## Checks", "", "| check | passed |", "|---|---|",
         *[f"| {name} | {'not measured' if ok is None else 'yes' if ok else 'NO'} |" for name, ok in s["checks"].items()],
         "", "## Memory at the idle checkpoints (the first after the warm-up phase is the reference)", "",
@@ -164,6 +170,9 @@ def markdown(s: dict[str, Any]) -> str:
         *[f"| {c['sent']} | {c['idle']} | {_mib(c['gpu_allocated'])} | {_mib(c['gpu_reserved'])} | {_mib(c['rss'])} |"
           for c in s["checkpoints"]],
     ]
+    if s["bcg"] and s["bcg"].get("new_keys"):
+        lines += ["", "## Graph keys met while serving", "",
+                  *[f"- `{k['key']}`: {_mib(k['memory_bytes'])} MiB of graph memory" for k in s["bcg"]["new_keys"]]]
     if s["unexpected"]:
         lines += ["", f"## Answers not as expected (first {LISTED})", "", *[f"- {json.dumps(u)}" for u in s["unexpected"]]]
     return "\n".join(lines) + "\n"
