@@ -8,7 +8,8 @@
 - :mod:`.compile_order`: whether torch.compile's first compile in an eager call or inside BCG's first accelerated
   call changes the bits (each order in a child process, every output against every other).
 - :mod:`.shared_transformer`: one accelerated transformer shared by two pipelines in two threads, under CPU and GPU
-  contention, every result against eager with the runner events around a difference.
+  contention, every result against eager with the runner events around a difference;
+  :mod:`.shared_transformer_controls`: its conditions one at a time, against the process's first eager call.
 - :mod:`.smoke_full_pipelines`: every family's FULL pipeline (random weights) built and run on a GPU
   (``python scripts/smoke_full_pipelines.py``).
 """

@@ -33,7 +33,8 @@ from .runner import CallRunner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "plan_warmup", "make_room_to_compile", "run_warmup", "warm_shapes", "warmup_batches"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "make_room_to_compile", "plan_warmup", "run_warmup",
+           "warm_shapes", "warmup_batches"]
 
 #: Steps per warm-up call (the library's default), unless a step cache needs the default step count.
 WARMUP_STEPS = 2
