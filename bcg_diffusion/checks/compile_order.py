@@ -6,7 +6,7 @@ benchmark, which compiles in an eager call first): docs/serving.md, "The speed s
 its warm-up's eager call, a BCG server inside its accelerated transformer's first call. This check runs each
 ``--orders`` in a child process of its own (its own compile state; one compile cache on the machine, as two servers
 share it), the speed stack's compile layer (regional compile, the library's attention op) on one pipeline, and
-saves the latents of its calls:
+saves the latents of its calls (``--images``: also their decoded images, what the servers return):
 
 - ``eager_first``: an eager call (E), then ``accelerate_pipeline`` and two calls (B, B2);
 - ``bcg_first``: ``accelerate_pipeline``, two calls (B, B2), ``remove_acceleration``, an eager call (E);
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,22 +37,34 @@ from typing import Any
 from bcg_diffusion.toolkit.numbers import finite_float
 
 ORDERS = ("eager_first", "bcg_first", "warm_first", "eager_warm_first")
+ENV_SHOWN = ("TORCHINDUCTOR_DETERMINISTIC", "CUBLAS_WORKSPACE_CONFIG")  # settings that choose kernels, in the report
 
 
-def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str):
+def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str) -> dict[str, Any]:
+    """One call; its outputs by name: ``tag`` the final latents, and with ``--images`` also ``tag.image``, the decoded
+    image (the latents taken at the last step's callback, so both come from the same call)."""
     import torch
 
     from bcg_diffusion.toolkit.stack import compiled_graphs
 
+    last: dict[str, Any] = {}
+
+    def keep_latents(_pipe, _step, _timestep, callback_kwargs):
+        last["latents"] = callback_kwargs["latents"].detach().cpu().clone()
+        return callback_kwargs
+
+    extra = {"output_type": "pt", "callback_on_step_end": keep_latents} if args.images else {"output_type": "latent"}
     started = time.perf_counter()
     with grad_mode(args):
         out = pipe(prompt="a red fox in the snow", height=args.height, width=args.width,
-                   num_inference_steps=args.steps, output_type="latent",
+                   num_inference_steps=args.steps, **extra,
                    generator=torch.Generator(pipe.device.type).manual_seed(args.seed))
     if pipe.device.type == "cuda":
         torch.cuda.synchronize()
     info[tag] = {"s": round(time.perf_counter() - started, 3), "compiled_graphs": compiled_graphs()}
-    return out[0].detach().cpu().clone()
+    if args.images:
+        return {tag: last["latents"], f"{tag}.image": out[0].detach().cpu().clone()}
+    return {tag: out[0].detach().cpu().clone()}
 
 
 def grad_mode(args: argparse.Namespace):
@@ -84,15 +97,15 @@ def run_order(args: argparse.Namespace) -> dict[str, Any]:
     def accelerated(already: bool = False):
         if not already:
             bcg_diffusion.accelerate_pipeline(pipe)
-        outputs["B"] = _call(pipe, args, info, "B")
-        outputs["B2"] = _call(pipe, args, info, "B2")
+        outputs.update(_call(pipe, args, info, "B"))
+        outputs.update(_call(pipe, args, info, "B2"))
         stats = bcg_diffusion.get_stats(pipe)
         info["bcg"] = None if stats is None else {n: getattr(stats, n) for n in ("hits", "captures", "eager_calls")}
 
     if order in ("eager_first", "eager_warm_first"):
         if order == "eager_warm_first":
             warm()
-        outputs["E"] = _call(pipe, args, info, "E")
+        outputs.update(_call(pipe, args, info, "E"))
         accelerated()
     else:
         if order == "warm_first":  # the server keeps what its warm-up captured
@@ -100,24 +113,31 @@ def run_order(args: argparse.Namespace) -> dict[str, Any]:
             warm()
         accelerated(already=order == "warm_first")
         bcg_diffusion.remove_acceleration(pipe)
-        outputs["E"] = _call(pipe, args, info, "E")
+        outputs.update(_call(pipe, args, info, "E"))
     return {"info": info, "outputs": outputs}
 
 
 def compare(saved: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every output against every other, across and within orders: which are bitwise equal."""
+    """Every output against every other of its kind (latents with latents, images with images), across and within
+    orders: which are bitwise equal, and the largest absolute difference of those that are not."""
     import torch
 
     named = [(f"{order}.{tag}", t) for order, result in saved.items() for tag, t in result["outputs"].items()]
-    return [{"a": a, "b": b, "equal": bool(torch.equal(x, y))} for (a, x), (b, y) in itertools.combinations(named, 2)]
+    pairs = [(a, x, b, y) for (a, x), (b, y) in itertools.combinations(named, 2)
+             if a.endswith(".image") == b.endswith(".image")]
+    return [{"a": a, "b": b, "equal": bool(torch.equal(x, y)),
+             **({} if torch.equal(x, y) else {"max_abs": float((x.float() - y.float()).abs().max())})}
+            for a, x, b, y in pairs]
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Compile order: {report['family']} {report['size']} {report['height']}x{report['width']}, "
              f"{report['steps']} steps, compile {'on' if report['compile'] else 'off'}, "
-             f"{'inference mode' if report.get('inference_mode') else 'no_grad'}", "",
-             f"{report['date']}, commit `{report['commit']}`.", "", "| a | b | bitwise equal |", "|---|---|---|"]
-    lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO'} |" for c in report["comparisons"]]
+             f"{'inference mode' if report.get('inference_mode') else 'no_grad'}"
+             f"{', latents and images' if report.get('images') else ''}", "",
+             f"{report['date']}, commit `{report['commit']}`, environment {report.get('env') or 'as is'}.", "", "| a | b | bitwise equal |", "|---|---|---|"]
+    lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO (max abs ' + format(c['max_abs'], '.3g') + ')'} |"
+              for c in report["comparisons"]]
     lines += ["", "## Per order", ""] + [f"- {o}: {json.dumps(i, default=str)}" for o, i in report["orders"].items()]
     return "\n".join(lines) + "\n"
 
@@ -138,6 +158,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--inference-mode", action=argparse.BooleanOptionalAction, default=True,
                         help="calls and warm-up under torch.inference_mode(), as the servers' (default); "
                              "--no-inference-mode: under torch.no_grad(), as the stack benchmark's")
+    parser.add_argument("--images", action=argparse.BooleanOptionalAction, default=False,
+                        help="also decode each call's image (output_type='pt'), as the servers do, and compare images "
+                             "beside latents (default off: latents only)")
     parser.add_argument("--timeout", type=finite_float, default=300.0, help="seconds per order's child (default 300)")
     parser.add_argument("--out", type=Path, default=Path("outputs"))
     parser.add_argument("--child", choices=ORDERS, help=argparse.SUPPRESS)  # run one order, save to --out
@@ -165,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     forwarded = ["--family", args.family, "--size", args.size, "--height", str(args.height), "--width",
                  str(args.width), "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(args.out),
                  "--compile" if args.compile else "--no-compile",
-                 "--inference-mode" if args.inference_mode else "--no-inference-mode", *(["--device", args.device] if args.device else [])]
+                 "--inference-mode" if args.inference_mode else "--no-inference-mode",
+                 "--images" if args.images else "--no-images", *(["--device", args.device] if args.device else [])]
     saved, failures = {}, {}
     for order in args.order_list:
         command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order]
@@ -176,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         saved[order] = torch.load(args.out / f"order_{order}.pt")
     report = {"family": args.family, "size": args.size, "height": args.height, "width": args.width,
               "steps": args.steps, "compile": args.compile, "inference_mode": args.inference_mode,
+              "images": args.images, "env": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
               "commit": current_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "orders": {o: r["info"] for o, r in saved.items()},
               "failures": failures, "comparisons": compare(saved)}

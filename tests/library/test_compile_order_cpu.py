@@ -49,3 +49,23 @@ def test_unknown_orders_are_refused(capsys):
     with pytest.raises(SystemExit) as exited:
         compile_order.parse_args(["--orders", "eager_first,sideways"])
     assert exited.value.code == 2 and "--orders: unknown sideways" in capsys.readouterr().err
+
+
+def test_images_are_compared_beside_latents_and_only_with_images(tmp_path, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: SimpleNamespace(
+        returncode=compile_order.main(command[command.index("bcg_diffusion.checks.compile_order") + 1:]), stderr="")
+        if "bcg_diffusion.checks.compile_order" in command else SimpleNamespace(returncode=1, stdout="", stderr=""))
+    monkeypatch.setenv("TORCHINDUCTOR_DETERMINISTIC", "1")
+    assert compile_order.main([*ARGS, "--images", "--orders", "eager_first", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "compile_order.json").read_text())
+    pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
+    assert ("eager_first.E", "eager_first.B") in pairs and ("eager_first.E.image", "eager_first.B.image") in pairs
+    assert not any(a.endswith(".image") != b.endswith(".image") for a, b in pairs) and len(pairs) == 6
+    assert report["images"] is True and report["env"] == {"TORCHINDUCTOR_DETERMINISTIC": "1"}
+
+
+def test_a_difference_is_reported_with_its_size():
+    import torch
+
+    saved = {"o": {"outputs": {"E": torch.zeros(2), "B": torch.tensor([0.0, 0.5])}}}
+    assert compile_order.compare(saved) == [{"a": "o.E", "b": "o.B", "equal": False, "max_abs": 0.5}]

@@ -23,6 +23,12 @@ def test_each_rows_has_its_step_server_and_only_the_chosen_scenarios_start_one()
     assert roles_for(["mixed-c8-r4"], parse("--max-batch", "4")) == ["off", "step"]  # 4 rows is --max-batch
 
 
+def test_the_stack_goes_to_every_server_alike():
+    args = parse("--eager-check", "--stack=--compile")  # one option: written with "=", as argparse needs
+    assert all(" --compile" in server_args(role, args) for role in ("off", "step", "step-r4", "eager-step"))
+    assert "--compile" not in server_args("off", parse())
+
+
 def _fake_summary(rps: float) -> dict:
     return {"throughput_rps": rps}
 

@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=4, help="seeds per prompt (default: 4)")
     p.add_argument("--request-timeout", type=finite_float, default=60.0, help="seconds per request (default: 60)")
     p.add_argument("--spawn-timeout", type=finite_float, default=300.0, help="seconds to build and warm (default: 300)")
+    p.add_argument("--stack", default="",
+                   help="speed-stack options given to every server alike, e.g. --stack=--compile (default: none): the "
+                        "ratios then compare the step and the unbatched server with the same stack")
     p.add_argument("--no-targets", action="store_true", help="report the ratios without judging them (CPU rehearsal)")
     return p
 
@@ -145,6 +148,8 @@ def server_args(role: str, args) -> str:
              "--max-n 1 --no-resolution-binning --max-queue 256"]
     if args.size == "full" and args.device != "cuda":
         words.append("--yes")
+    if args.stack:
+        words.append(args.stack)
     if role != "eager-step":
         words.append("--bcg")
     if role != "off":
