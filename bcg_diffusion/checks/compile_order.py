@@ -5,7 +5,8 @@ Flux.1-dev 1024 px), while in one process the same stacks are bitwise equal with
 benchmark, which compiles in an eager call first): docs/serving.md, "The speed stack". An eager server compiles in
 its warm-up's eager call, a BCG server inside its accelerated transformer's first call. This check runs each
 ``--orders`` in a child process of its own (its own compile state; one compile cache on the machine, as two servers
-share it), the speed stack's compile layer (regional compile, the library's attention op) on one pipeline, and
+share it, so a later child loads what the first compiled: ``--fresh-caches`` gives each child empty caches of its own),
+the speed stack's compile layer (regional compile, the library's attention op) on one pipeline, and
 saves the latents of its calls (``--images``: also their decoded images, what the servers return):
 
 - ``eager_first``: an eager call (E), then ``accelerate_pipeline`` and two calls (B, B2);
@@ -134,12 +135,23 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Compile order: {report['family']} {report['size']} {report['height']}x{report['width']}, "
              f"{report['steps']} steps, compile {'on' if report['compile'] else 'off'}, "
              f"{'inference mode' if report.get('inference_mode') else 'no_grad'}"
-             f"{', latents and images' if report.get('images') else ''}", "",
+             f"{', latents and images' if report.get('images') else ''}"
+             f"{', each order compiling by itself (fresh caches)' if report.get('fresh_caches') else ''}", "",
              f"{report['date']}, commit `{report['commit']}`, environment {report.get('env') or 'as is'}.", "", "| a | b | bitwise equal |", "|---|---|---|"]
     lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO (max abs ' + format(c['max_abs'], '.3g') + ')'} |"
               for c in report["comparisons"]]
     lines += ["", "## Per order", ""] + [f"- {o}: {json.dumps(i, default=str)}" for o, i in report["orders"].items()]
     return "\n".join(lines) + "\n"
+
+
+def child_environment(order: str, args: argparse.Namespace) -> dict[str, str] | None:
+    """The environment of ``order``'s child: this process's (``None``), or with ``--fresh-caches`` one in which
+    Inductor's and Triton's on-disk caches are empty folders of its own under ``--out``, so the child compiles by
+    itself instead of loading what an earlier child compiled."""
+    if not args.fresh_caches:
+        return None
+    caches = args.out / f"caches_{order}"
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -161,6 +173,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", action=argparse.BooleanOptionalAction, default=False,
                         help="also decode each call's image (output_type='pt'), as the servers do, and compare images "
                              "beside latents (default off: latents only)")
+    parser.add_argument("--fresh-caches", action=argparse.BooleanOptionalAction, default=False,
+                        help="each order's child compiles by itself, with empty Inductor and Triton caches of its own "
+                             "(default off: the children share the machine's caches, so later ones load what the "
+                             "first compiled, as two servers on one machine may)")
     parser.add_argument("--timeout", type=finite_float, default=300.0, help="seconds per order's child (default 300)")
     parser.add_argument("--out", type=Path, default=Path("outputs"))
     parser.add_argument("--child", choices=ORDERS, help=argparse.SUPPRESS)  # run one order, save to --out
@@ -193,14 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     saved, failures = {}, {}
     for order in args.order_list:
         command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False,
+                              env=child_environment(order, args))
         if done.returncode != 0:
             failures[order] = done.stderr[-2000:]
             continue
         saved[order] = torch.load(args.out / f"order_{order}.pt")
     report = {"family": args.family, "size": args.size, "height": args.height, "width": args.width,
               "steps": args.steps, "compile": args.compile, "inference_mode": args.inference_mode,
-              "images": args.images, "env": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
+              "images": args.images, "fresh_caches": args.fresh_caches, "env": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
               "commit": current_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "orders": {o: r["info"] for o, r in saved.items()},
               "failures": failures, "comparisons": compare(saved)}

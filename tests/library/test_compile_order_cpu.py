@@ -69,3 +69,11 @@ def test_a_difference_is_reported_with_its_size():
 
     saved = {"o": {"outputs": {"E": torch.zeros(2), "B": torch.tensor([0.0, 0.5])}}}
     assert compile_order.compare(saved) == [{"a": "o.E", "b": "o.B", "equal": False, "max_abs": 0.5}]
+
+
+def test_fresh_caches_give_each_child_empty_caches_of_its_own(tmp_path):
+    args = compile_order.parse_args(["--fresh-caches", "--out", str(tmp_path)])
+    env = compile_order.child_environment("warm_first", args)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "caches_warm_first" / "inductor")
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "caches_warm_first" / "triton") and "PATH" in env
+    assert compile_order.child_environment("warm_first", compile_order.parse_args([])) is None  # shared by default
