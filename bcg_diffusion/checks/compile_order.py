@@ -77,7 +77,11 @@ def grad_mode(args: argparse.Namespace):
 
 
 def run_order(args: argparse.Namespace) -> dict[str, Any]:
-    """In this process: build, compile, run ``args.child``'s order; the latents by call and what happened."""
+    """In this process: build, compile, run ``args.child``'s order; the latents by call and what happened. With
+    ``--in-thread`` the warm-up and the calls run on one other thread, as a server's worker runs them, while the build,
+    compile and ``accelerate_pipeline`` stay on the main thread, as a server's start-up does them."""
+    import concurrent.futures
+
     import bcg_diffusion
     import bcg_pipelines as pipelines
     from bcg_diffusion.toolkit.stack import compile_layer
@@ -85,36 +89,48 @@ def run_order(args: argparse.Namespace) -> dict[str, Any]:
     order = args.child
     pipe = pipelines.build_pipeline(args.family, size=args.size, device=args.device, seed=0)
     pipe.set_progress_bar_config(disable=True)
-    info: dict[str, Any] = {"order": order}
+    info: dict[str, Any] = {"order": order, "in_thread": args.in_thread}
     if args.compile:
         info["compile"], _ = compile_layer(pipe.transformer)
     outputs: dict[str, Any] = {}
+    worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="worker") if args.in_thread else None
+
+    def on_worker(fn):
+        return fn() if worker is None else worker.submit(fn).result()
+
+    def call(tag: str) -> None:
+        outputs.update(on_worker(lambda: _call(pipe, args, info, tag)))
 
     def warm():
-        with grad_mode(args):
-            report = bcg_diffusion.warmup(pipe, [dict(height=args.height, width=args.width)], num_inference_steps=2)
-        info["warmup"] = str(report)[:300]
+        def run():
+            with grad_mode(args):
+                return bcg_diffusion.warmup(pipe, [dict(height=args.height, width=args.width)], num_inference_steps=2)
+        info["warmup"] = str(on_worker(run))[:300]
 
     def accelerated(already: bool = False):
         if not already:
             bcg_diffusion.accelerate_pipeline(pipe)
-        outputs.update(_call(pipe, args, info, "B"))
-        outputs.update(_call(pipe, args, info, "B2"))
+        call("B")
+        call("B2")
         stats = bcg_diffusion.get_stats(pipe)
         info["bcg"] = None if stats is None else {n: getattr(stats, n) for n in ("hits", "captures", "eager_calls")}
 
-    if order in ("eager_first", "eager_warm_first"):
-        if order == "eager_warm_first":
-            warm()
-        outputs.update(_call(pipe, args, info, "E"))
-        accelerated()
-    else:
-        if order == "warm_first":  # the server keeps what its warm-up captured
-            bcg_diffusion.accelerate_pipeline(pipe)
-            warm()
-        accelerated(already=order == "warm_first")
-        bcg_diffusion.remove_acceleration(pipe)
-        outputs.update(_call(pipe, args, info, "E"))
+    try:
+        if order in ("eager_first", "eager_warm_first"):
+            if order == "eager_warm_first":
+                warm()
+            call("E")
+            accelerated()
+        else:
+            if order == "warm_first":  # the server keeps what its warm-up captured
+                bcg_diffusion.accelerate_pipeline(pipe)
+                warm()
+            accelerated(already=order == "warm_first")
+            bcg_diffusion.remove_acceleration(pipe)
+            call("E")
+    finally:
+        if worker is not None:
+            worker.shutdown()
     return {"info": info, "outputs": outputs}
 
 
@@ -136,7 +152,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"{report['steps']} steps, compile {'on' if report['compile'] else 'off'}, "
              f"{'inference mode' if report.get('inference_mode') else 'no_grad'}"
              f"{', latents and images' if report.get('images') else ''}"
-             f"{', each order compiling by itself (fresh caches)' if report.get('fresh_caches') else ''}", "",
+             f"{', each order compiling by itself (fresh caches)' if report.get('fresh_caches') else ''}"
+             f"{', calls on a worker thread' if report.get('in_thread') else ''}", "",
              f"{report['date']}, commit `{report['commit']}`, environment {report.get('env') or 'as is'}.", "", "| a | b | bitwise equal |", "|---|---|---|"]
     lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO (max abs ' + format(c['max_abs'], '.3g') + ')'} |"
               for c in report["comparisons"]]
@@ -173,6 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", action=argparse.BooleanOptionalAction, default=False,
                         help="also decode each call's image (output_type='pt'), as the servers do, and compare images "
                              "beside latents (default off: latents only)")
+    parser.add_argument("--in-thread", action=argparse.BooleanOptionalAction, default=False,
+                        help="the warm-up and the calls on one worker thread, as a server runs them (default off: "
+                             "on the main thread)")
     parser.add_argument("--fresh-caches", action=argparse.BooleanOptionalAction, default=False,
                         help="each order's child compiles by itself, with empty Inductor and Triton caches of its own "
                              "(default off: the children share the machine's caches, so later ones load what the "
@@ -205,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                  str(args.width), "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(args.out),
                  "--compile" if args.compile else "--no-compile",
                  "--inference-mode" if args.inference_mode else "--no-inference-mode",
-                 "--images" if args.images else "--no-images", *(["--device", args.device] if args.device else [])]
+                 "--images" if args.images else "--no-images", "--in-thread" if args.in_thread else "--no-in-thread",
+                 *(["--device", args.device] if args.device else [])]
     saved, failures = {}, {}
     for order in args.order_list:
         command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order]
@@ -217,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         saved[order] = torch.load(args.out / f"order_{order}.pt")
     report = {"family": args.family, "size": args.size, "height": args.height, "width": args.width,
               "steps": args.steps, "compile": args.compile, "inference_mode": args.inference_mode,
-              "images": args.images, "fresh_caches": args.fresh_caches, "env": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
+              "images": args.images, "fresh_caches": args.fresh_caches,
+              "in_thread": args.in_thread, "env": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
               "commit": current_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "orders": {o: r["info"] for o, r in saved.items()},
               "failures": failures, "comparisons": compare(saved)}

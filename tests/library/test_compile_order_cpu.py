@@ -77,3 +77,27 @@ def test_fresh_caches_give_each_child_empty_caches_of_its_own(tmp_path):
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "caches_warm_first" / "inductor")
     assert env["TRITON_CACHE_DIR"] == str(tmp_path / "caches_warm_first" / "triton") and "PATH" in env
     assert compile_order.child_environment("warm_first", compile_order.parse_args([])) is None  # shared by default
+
+
+def test_in_thread_runs_the_calls_on_one_worker_thread_and_gives_the_same_outputs(tmp_path, monkeypatch):
+    import threading
+
+    threads = set()
+    real_call = compile_order._call
+
+    def recording_call(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(compile_order, "_call", recording_call)
+    results = {}
+    for flag in ("--in-thread", "--no-in-thread"):
+        out = tmp_path / flag
+        args = compile_order.parse_args([*ARGS, flag, "--child", "eager_warm_first", "--out", str(out)])
+        results[flag] = compile_order.run_order(args)
+    assert results["--in-thread"]["info"]["in_thread"] is True
+    assert len([t for t in threads if t.startswith("worker")]) == 1 and threading.main_thread().name in threads
+    import torch
+
+    for tag in ("E", "B", "B2"):
+        assert torch.equal(results["--in-thread"]["outputs"][tag], results["--no-in-thread"]["outputs"][tag])
