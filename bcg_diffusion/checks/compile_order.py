@@ -80,58 +80,77 @@ def run_order(args: argparse.Namespace) -> dict[str, Any]:
     """In this process: build, compile, run ``args.child``'s order; the latents by call and what happened. With
     ``--in-thread`` the warm-up and the calls run on one other thread, as a server's worker runs them, while the build,
     compile and ``accelerate_pipeline`` stay on the main thread, as a server's start-up does them."""
-    import concurrent.futures
-
-    import bcg_diffusion
     import bcg_pipelines as pipelines
     from bcg_diffusion.toolkit.stack import compile_layer
 
-    order = args.child
     pipe = pipelines.build_pipeline(args.family, size=args.size, device=args.device, seed=0)
     pipe.set_progress_bar_config(disable=True)
-    info: dict[str, Any] = {"order": order, "in_thread": args.in_thread}
+    run = OrderRun(pipe, args, {"order": args.child, "in_thread": args.in_thread})
     if args.compile:
-        info["compile"], _ = compile_layer(pipe.transformer)
-    outputs: dict[str, Any] = {}
-    worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="worker") if args.in_thread else None
-
-    def on_worker(fn):
-        return fn() if worker is None else worker.submit(fn).result()
-
-    def call(tag: str) -> None:
-        outputs.update(on_worker(lambda: _call(pipe, args, info, tag)))
-
-    def warm():
-        def run():
-            with grad_mode(args):
-                return bcg_diffusion.warmup(pipe, [dict(height=args.height, width=args.width)], num_inference_steps=2)
-        info["warmup"] = str(on_worker(run))[:300]
-
-    def accelerated(already: bool = False):
-        if not already:
-            bcg_diffusion.accelerate_pipeline(pipe)
-        call("B")
-        call("B2")
-        stats = bcg_diffusion.get_stats(pipe)
-        info["bcg"] = None if stats is None else {n: getattr(stats, n) for n in ("hits", "captures", "eager_calls")}
-
+        run.info["compile"], _ = compile_layer(pipe.transformer)
     try:
+        run.play(args.child)
+    finally:
+        run.close()
+    return {"info": run.info, "outputs": run.outputs}
+
+
+class OrderRun:
+    """One order's pipeline, what it records (``info``, ``outputs``) and the thread its calls run on."""
+
+    def __init__(self, pipe: Any, args: argparse.Namespace, info: dict[str, Any]):
+        import concurrent.futures
+
+        self.pipe, self.args, self.info = pipe, args, info
+        self.outputs: dict[str, Any] = {}
+        self.worker = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="worker") if args.in_thread
+                       else None)
+
+    def play(self, order: str) -> None:
+        """The order's steps (see the module's docstring)."""
+        import bcg_diffusion
+
         if order in ("eager_first", "eager_warm_first"):
             if order == "eager_warm_first":
-                warm()
-            call("E")
-            accelerated()
-        else:
-            if order == "warm_first":  # the server keeps what its warm-up captured
-                bcg_diffusion.accelerate_pipeline(pipe)
-                warm()
-            accelerated(already=order == "warm_first")
-            bcg_diffusion.remove_acceleration(pipe)
-            call("E")
-    finally:
-        if worker is not None:
-            worker.shutdown()
-    return {"info": info, "outputs": outputs}
+                self.warm()
+            self.call("E")
+            self.accelerated()
+            return
+        if order == "warm_first":  # the server keeps what its warm-up captured
+            bcg_diffusion.accelerate_pipeline(self.pipe)
+            self.warm()
+        self.accelerated(already=order == "warm_first")
+        bcg_diffusion.remove_acceleration(self.pipe)
+        self.call("E")
+
+    def on_worker(self, fn):
+        return fn() if self.worker is None else self.worker.submit(fn).result()
+
+    def call(self, tag: str) -> None:
+        self.outputs.update(self.on_worker(lambda: _call(self.pipe, self.args, self.info, tag)))
+
+    def warm(self) -> None:
+        import bcg_diffusion
+
+        def run():
+            with grad_mode(self.args):
+                return bcg_diffusion.warmup(self.pipe, [dict(height=self.args.height, width=self.args.width)],
+                                            num_inference_steps=2)
+        self.info["warmup"] = str(self.on_worker(run))[:300]
+
+    def accelerated(self, already: bool = False) -> None:
+        import bcg_diffusion
+
+        if not already:
+            bcg_diffusion.accelerate_pipeline(self.pipe)
+        self.call("B")
+        self.call("B2")
+        stats = bcg_diffusion.get_stats(self.pipe)
+        self.info["bcg"] = None if stats is None else {n: getattr(stats, n) for n in ("hits", "captures", "eager_calls")}
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
 
 
 def compare(saved: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@ what the time budget skips or shortens, the capacity the open-loop run offers 90
 
 from __future__ import annotations
 
-import pytest
 
 from bcg_diffusion.serving.load import step_bench
 from bcg_diffusion.serving.load.step_bench import Budget, build_parser, roles_for, run_scenarios, server_args
