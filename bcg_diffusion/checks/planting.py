@@ -46,6 +46,7 @@ import copy
 import dataclasses
 import gc
 import json
+import os
 import random
 import subprocess
 import sys
@@ -406,6 +407,10 @@ def run(seed: int, plants: int, device: torch.device, dtype: torch.dtype, time_b
 
 
 def current_commit() -> str:
+    """The checkout's commit: ``BENCH_GIT_COMMIT`` where set (a copy whose git metadata is missing or stale, as the
+    benchmarks read it), else git's; ``"unknown"`` where neither says."""
+    if os.environ.get("BENCH_GIT_COMMIT"):
+        return os.environ["BENCH_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=Path(__file__).resolve().parent)

@@ -259,3 +259,12 @@ def test_an_in_process_run_that_dies_natively_leaves_the_plant_it_died_in(tmp_pa
     assert "died natively" in report["plants"][3]["error"] and "Segmentation fault" in report["plants"][3]["error"]
     assert report["header"]["died_in_plant"] == 3 and report["summary"]["crashes"] == 1
     assert "the process died natively in plant 3" in (out / "planting.md").read_text()
+
+
+def test_the_commit_is_read_from_bench_git_commit_where_set(monkeypatch):
+    from bcg_diffusion.checks.planting import current_commit
+
+    monkeypatch.setenv("BENCH_GIT_COMMIT", "0ec6bf5")
+    assert current_commit() == "0ec6bf5"  # a copy whose git metadata is stale says its commit so
+    monkeypatch.delenv("BENCH_GIT_COMMIT")
+    assert current_commit() != "0ec6bf5"  # git's, or "unknown" without git
