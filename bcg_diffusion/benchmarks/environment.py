@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import transformers
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from bcg_diffusion.toolkit.provenance import checkout_commit
 
 __all__ = ["SUFFIXES", "environment", "git_commit", "output_base"]
 
@@ -45,16 +45,9 @@ def environment(device, dtype, cuda: bool) -> dict[str, Any]:
 
 
 def git_commit() -> str | None:
-    """The checkout's short commit: ``BENCH_GIT_COMMIT`` where set (a copy without .git), else git's; ``None``
-    where neither says."""
-    if os.environ.get("BENCH_GIT_COMMIT"):
-        return os.environ["BENCH_GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=REPO_ROOT, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    """The checkout's short commit (:func:`~bcg_diffusion.toolkit.provenance.checkout_commit`: ``BENCH_GIT_COMMIT``
+    where set, else git's); ``None`` where neither says."""
+    return checkout_commit(short=True)
 
 
 def output_base(out_dir: Path, prefix: str = "bench_step") -> Path:

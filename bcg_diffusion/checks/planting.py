@@ -46,9 +46,7 @@ import copy
 import dataclasses
 import gc
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 import traceback
@@ -62,6 +60,7 @@ import torch
 import bcg_diffusion
 from bcg_diffusion.core import walk
 from bcg_diffusion.toolkit.numbers import finite_float
+from bcg_diffusion.toolkit.provenance import checkout_commit
 from bcg_pipelines import zoo
 
 from bcg_diffusion.toolkit.listening import listening
@@ -407,16 +406,9 @@ def run(seed: int, plants: int, device: torch.device, dtype: torch.dtype, time_b
 
 
 def current_commit() -> str:
-    """The checkout's commit: ``BENCH_GIT_COMMIT`` where set (a copy whose git metadata is missing or stale, as the
-    benchmarks read it), else git's; ``"unknown"`` where neither says."""
-    if os.environ.get("BENCH_GIT_COMMIT"):
-        return os.environ["BENCH_GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The checkout's commit (:func:`~bcg_diffusion.toolkit.provenance.checkout_commit`: ``BENCH_GIT_COMMIT`` where
+    set, else git's); ``"unknown"`` where neither says."""
+    return checkout_commit() or "unknown"
 
 
 def parse_indices(text: str) -> set[int]:

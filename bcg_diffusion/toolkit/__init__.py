@@ -21,6 +21,8 @@ one job per module, importing no command.
 - :mod:`.failed_calls`: a failed call's error handed on without its frames' local variables (the call's tensors).
 - :mod:`.listening`: what the library says while a case runs (runner events, warnings, problems), for the
   zoo probe and the planting harness.
+- :mod:`.provenance`: the commit a result was made at (``BENCH_GIT_COMMIT`` where set, else git's), for the
+  benchmarks' and the checks' reports.
 
 The kit uses the library through its public names only, and no command's modules
 (``tests/tools/test_layers.py`` checks both).
