@@ -50,8 +50,8 @@ def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str) -
 
     last: dict[str, Any] = {}
 
-    def keep_latents(_pipe, _step, _timestep, callback_kwargs):
-        last["latents"] = callback_kwargs["latents"].detach().cpu().clone()
+    def keep_latents(_pipe, _step, _timestep, callback_kwargs):  # a copy on the device: no host sync per step
+        last["latents"] = callback_kwargs["latents"].detach().clone()
         return callback_kwargs
 
     extra = {"output_type": "pt", "callback_on_step_end": keep_latents} if args.images else {"output_type": "latent"}
@@ -64,7 +64,7 @@ def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str) -
         torch.cuda.synchronize()
     info[tag] = {"s": round(time.perf_counter() - started, 3), "compiled_graphs": compiled_graphs()}
     if args.images:
-        return {tag: last["latents"], f"{tag}.image": out[0].detach().cpu().clone()}
+        return {tag: last["latents"].cpu(), f"{tag}.image": out[0].detach().cpu().clone()}
     return {tag: out[0].detach().cpu().clone()}
 
 
@@ -161,9 +161,12 @@ def compare(saved: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     named = [(f"{order}.{tag}", t) for order, result in saved.items() for tag, t in result["outputs"].items()]
     pairs = [(a, x, b, y) for (a, x), (b, y) in itertools.combinations(named, 2)
              if a.endswith(".image") == b.endswith(".image")]
-    return [{"a": a, "b": b, "equal": bool(torch.equal(x, y)),
-             **({} if torch.equal(x, y) else {"max_abs": float((x.float() - y.float()).abs().max())})}
-            for a, x, b, y in pairs]
+    def pair(a: str, x, b: str, y) -> dict[str, Any]:
+        if torch.equal(x, y):
+            return {"a": a, "b": b, "equal": True}
+        return {"a": a, "b": b, "equal": False, "max_abs": float((x.float() - y.float()).abs().max())}
+
+    return [pair(*p) for p in pairs]
 
 
 def markdown(report: dict[str, Any]) -> str:

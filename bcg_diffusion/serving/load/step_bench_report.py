@@ -60,7 +60,7 @@ def markdown(results: list[dict[str, Any]], args, budget: dict[str, Any]) -> str
              f"PixArt-Sigma {args.size}, {args.steps} steps, step servers `--batching step --step-policy "
              f"{args.step_policy}` (rows: `--max-batch`; requests prepared and finished on the scheduler's host "
              f"threads) against the unbatched BCG server, device {args.device}"
-             f"{', every server with `' + args.stack + '`' if getattr(args, 'stack', '') else ''}. Time budget "
+             f"{', every server with `' + args.stack + '`' if args.stack else ''}. Time budget "
              f"{_f(budget.get('total_s'), '.0f')} s, used {_f(budget.get('used_s'), '.0f')} s.", "",
              "| scenario | server | rows | ok | req/s | p50 s | p99 s | occupancy | rows per step | step ms | "
              "wait to join ms | prepare ms | finish ms |",
