@@ -22,6 +22,31 @@ def test_each_rows_has_its_step_server_and_only_the_chosen_scenarios_start_one()
     assert roles_for(["mixed-c8-r4"], parse("--max-batch", "4")) == ["off", "step"]  # 4 rows is --max-batch
 
 
+def test_with_request_adds_the_request_batching_server_and_its_run_to_the_cost():
+    args = parse("--eager-check", "--with-request", "--time-limit", "10")
+    assert roles_for(["mixed-c8", "mixed-c8-r4"], args) == ["off", "step", "step-r4", "request", "eager-step"]
+    options = server_args("request", args)
+    assert "--max-batch 8 --batching request --batch-work-limit 0" in options and "--bcg" in options
+    assert "--step-policy" not in options
+    plain = parse("--time-limit", "10")
+    assert "request" not in roles_for(["mixed-c8"], plain)
+    # each closed-loop run is bounded by --time-limit + DRAIN_S: off, step, request (+ eager and alone for the first)
+    assert step_bench.scenario_cost("s256-c8", args, first=False) == 3 * (10 + step_bench.DRAIN_S)
+    assert step_bench.scenario_cost("s256-c8", plain, first=True) == 4 * (10 + step_bench.DRAIN_S)
+
+
+def test_the_request_verdict_states_both_ratios_without_judging():
+    def summary(rps, p99, per_call=None):
+        return {"throughput_rps": rps, "latency_s": {"p99": p99},
+                "batching": {"mean_requests_per_batch": per_call} if per_call else None}
+
+    ratio, verdict = step_bench.request_verdict("s512-c8", {"off": summary(4.0, 2.0), "step": summary(6.0, 1.0),
+                                                            "request": summary(5.0, 1.6, 7.5)})
+    assert ratio["throughput_ratio"] == 1.25 and ratio["passed"] is None and verdict["passed"] is None
+    assert verdict["detail"] == ("request/off throughput 1.25x, p99 0.80x; step/request throughput 1.20x, p99 0.62x; "
+                                 "requests per call 7.50")
+
+
 def test_the_stack_goes_to_every_server_alike():
     args = parse("--eager-check", "--stack=--compile")  # one option: written with "=", as argparse needs
     assert all(" --compile" in server_args(role, args) for role in ("off", "step", "step-r4", "eager-step"))
@@ -66,11 +91,14 @@ def test_the_report_names_rows_occupancy_wait_and_step_time():
             "batching": {"max_batch": 4, "occupancy": 0.9, "mean_rows_per_step": 3.6, "step_s": timing,
                          "wait_s": {"mean": 0.04}, "prepare_s": {"mean": 0.02}, "finish_s": {"mean": 0.01}}}
     results = [{"scenario": "mixed-c8-r4", "rows": 4, "summaries": {"step": step}, "checks": [],
-                "ratio": {"throughput_ratio": 2.0, "p99_ratio": 0.5}},
+                "ratio": {"throughput_ratio": 2.0, "p99_ratio": 0.5},
+                "request_ratio": {"throughput_ratio": 1.1, "p99_ratio": 0.9}},
                {"scenario": "poisson", "rate": 9.0, "duration_s": 60, "p99_over_alone": 1.5, "checks": []}]
     text = step_bench.markdown(results, parse(), {"total_s": 360, "used_s": 300})
     assert "| mixed-c8-r4 | step | 4 | 8/8 | 15.80 | 0.470 | 0.500 | 0.90 | 3.60 | 15.0 | 40.0 | 20.0 | 10.0 |" in text
-    assert "(step server rows 4): throughput step/off 2.00x" in text and "p99 / a request alone 1.50x" in text
+    assert "(step server rows 4): throughput step/off 2.00x, p99 step/off 0.50x; request/off 1.10x, p99 0.90x" in text
+    assert "p99 / a request alone 1.50x" in text and "request-batching server" not in text
+    assert "and the request-batching server" in step_bench.markdown(results, parse("--with-request"), {})
     assert "Time budget 360 s, used 300 s" in text
 
 

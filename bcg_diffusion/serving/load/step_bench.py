@@ -4,8 +4,9 @@ in one run, with the bitwise checks.
 PixArt-Sigma (full size, binning off, 20 steps), servers built at once on the one GPU and reused by every scenario:
 ``off`` (BCG, no batching), ``step`` (BCG, ``--batching step --max-batch 8 --batch-work-limit 0``), ``step-r4`` (the
 same with ``--max-batch 4``, only when a chosen scenario runs at 4 rows) and, with ``--eager-check``, ``eager-step``
-(the step server without BCG). Scenarios (``--scenarios``), each the same request mix against ``off`` then its step
-server:
+(the step server without BCG) and, with ``--with-request``, ``request`` (BCG, ``--batching request --max-batch 8
+--batch-work-limit 0``: request batching, whose verdict issue 46 asks for). Scenarios (``--scenarios``), each the same
+request mix against ``off``, then its step server (then ``request``):
 
 - ``mixed-c8``, ``mixed-c16``: 256x256 and 384x384 mixed, 8 and 16 closed-loop clients (targets: step >= 1.8x the
   requests per second of off, p99 <= 0.8x); ``mixed-c8-r4``: the 8-client mix against ``step-r4`` (8 clients over
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per closed-loop run: no request is sent after it (default: 12)")
     p.add_argument("--poisson-s", type=finite_float, default=60.0, help="seconds of open-loop arrivals (default: 60)")
     p.add_argument("--poisson-load", type=finite_float, default=0.9, help="open-loop rate / measured capacity (default: 0.9)")
+    p.add_argument("--with-request", action="store_true",
+                   help="also a request-batching server (--batching request at --max-batch rows) given every "
+                        "closed-loop scenario's load: request/off and step/request beside step/off")
     p.add_argument("--eager-check", action="store_true",
                    help="also build an eager step server and compare the first scenario's images with it")
     p.add_argument("--eager-requests", type=int, default=16,
@@ -136,13 +140,15 @@ def step_role(rows: int | None, args) -> str:
 
 
 def roles_for(names: list[str], args) -> list[str]:
-    """The servers the chosen scenarios need: ``off``, ``step``, each other rows' step server, ``eager-step``."""
+    """The servers the chosen scenarios need: ``off``, ``step``, each other rows' step server, ``request``,
+    ``eager-step``."""
     extra = [step_role(SCENARIOS[n].rows, args) for n in names if n in SCENARIOS]
-    return ["off", "step", *dict.fromkeys(r for r in extra if r != "step")] + (["eager-step"] if args.eager_check else [])
+    optional = (["request"] if args.with_request else []) + (["eager-step"] if args.eager_check else [])
+    return ["off", "step", *dict.fromkeys(r for r in extra if r != "step"), *optional]
 
 
 def server_args(role: str, args) -> str:
-    """The ``bcg-serve`` options of ``off``, ``step``, ``step-r<rows>`` or ``eager-step``."""
+    """The ``bcg-serve`` options of ``off``, ``step``, ``step-r<rows>``, ``request`` or ``eager-step``."""
     warm = ",".join(dict.fromkeys([*args.sizes_mixed.split(","), args.size_small, args.size_large]))
     words = [f"--model pixart --size {args.size} --device {args.device} --steps {args.steps} --warmup {warm} "
              "--max-n 1 --no-resolution-binning --max-queue 256"]
@@ -152,7 +158,9 @@ def server_args(role: str, args) -> str:
         words.append(args.stack)
     if role != "eager-step":
         words.append("--bcg")
-    if role != "off":
+    if role == "request":
+        words.append(f"--max-batch {args.max_batch} --batching request --batch-work-limit 0")
+    elif role != "off":
         rows = int(role[len("step-r"):]) if role.startswith("step-r") else args.max_batch
         words.append(f"--max-batch {rows} --batching step --batch-work-limit 0 --step-policy {args.step_policy}")
     return " ".join(words)
@@ -190,20 +198,22 @@ def run_checks(label: str, run, summary: dict[str, Any], count: int) -> list[dic
 
 
 def scenario_cost(name: str, args, first: bool) -> float:
-    """Seconds a closed-loop scenario may take at most: ``off`` and its step server, and for the first the eager
-    server's run and the alone replay (each bounded by ``--time-limit``, plus :data:`DRAIN_S`)."""
-    runs = 2 + (2 if first else 0)
+    """Seconds a closed-loop scenario may take at most: ``off``, its step server and ``request``, and for the first
+    the eager server's run and the alone replay (each bounded by ``--time-limit``, plus :data:`DRAIN_S`)."""
+    runs = 2 + (1 if args.with_request else 0) + (2 if first else 0)
     return runs * (args.time_limit + DRAIN_S)
 
 
 def _load_runs(name: str, urls: dict[str, str], args, first: bool) -> dict[str, Any]:
-    """The scenario's closed-loop runs: ``off``, its step server (as ``step``) and, for the first, ``eager-step``
-    (its first ``--eager-requests`` requests)."""
+    """The scenario's closed-loop runs: ``off``, its step server (as ``step``), ``request`` where it runs and, for
+    the first, ``eager-step`` (its first ``--eager-requests`` requests)."""
     from .run import replay_alone, run_load
 
     scenario = SCENARIOS[name]
     bodies = bodies_for(sizes_of(scenario.kind, args), args.requests, args)
     servers = {"off": urls["off"], "step": urls[step_role(scenario.rows, args)]}
+    if "request" in urls:
+        servers["request"] = urls["request"]
     if first and "eager-step" in urls:
         servers["eager-step"] = urls["eager-step"]
     runs = {}
@@ -241,9 +251,26 @@ def run_scenario(name: str, urls: dict[str, str], args, first: bool) -> dict[str
     checks.append(_check(f"{name}: throughput step/off {target}", ratio["passed"],
                          f"throughput {_x(ratio['throughput_ratio'])}, p99 {_x(ratio['p99_ratio'])}, rows "
                          f"{result['rows']}, occupancy {_f(batching.get('occupancy'))}"))
+    if "request" in summaries:
+        result["request_ratio"], verdict = request_verdict(name, summaries)
+        checks.append(verdict)
     if first:
         checks += first_checks(runs, summaries, cross_check)
     return result
+
+
+def request_verdict(name: str, summaries: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Request batching against ``off`` and against the step server on the same load (information, not a target):
+    its ratios to ``off`` and the line that states them."""
+    from .report import throughput_ratio
+
+    to_off = throughput_ratio(summaries["off"], summaries["request"], None)
+    step_over = throughput_ratio(summaries["request"], summaries["step"], None)
+    per_call = (summaries["request"]["batching"] or {}).get("mean_requests_per_batch")
+    return to_off, _check(f"{name}: request batching", None,
+                          f"request/off throughput {_x(to_off['throughput_ratio'])}, p99 {_x(to_off['p99_ratio'])}; "
+                          f"step/request throughput {_x(step_over['throughput_ratio'])}, p99 "
+                          f"{_x(step_over['p99_ratio'])}; requests per call {_f(per_call, '.2f')}")
 
 
 def first_checks(runs, summaries, cross_check) -> list[dict[str, Any]]:

@@ -7,6 +7,8 @@ from typing import Any
 
 __all__ = ["check", "markdown", "skipped"]
 
+REQUEST_SERVER = " and the request-batching server (`--batching request`, rows `--max-batch`, its default window)"
+
 
 def check(name: str, passed: bool | None, detail: str) -> dict[str, Any]:
     """One verdict (``None``: information, not judged), printed as it is made."""
@@ -43,10 +45,12 @@ def _md_row(scenario: str, role: str, s: dict[str, Any]) -> str:
 
 
 def _title(r: dict[str, Any]) -> str:
-    ratio = r.get("ratio") or {}
+    ratio, request = r.get("ratio") or {}, r.get("request_ratio")
     if ratio:
         return (f"**{r['scenario']}** (step server rows {r.get('rows', '-')}): throughput step/off "
-                f"{_x(ratio.get('throughput_ratio'))}, p99 step/off {_x(ratio.get('p99_ratio'))}")
+                f"{_x(ratio.get('throughput_ratio'))}, p99 step/off {_x(ratio.get('p99_ratio'))}"
+                + (f"; request/off {_x(request.get('throughput_ratio'))}, p99 {_x(request.get('p99_ratio'))}"
+                   if request else ""))
     if "rate" in r:
         return (f"**{r['scenario']}** at {_f(r['rate'], '.2f')} req/s for {_f(r.get('duration_s'), '.0f')} s: p99 / a "
                 f"request alone {_x(r.get('p99_over_alone'))}")
@@ -59,7 +63,8 @@ def markdown(results: list[dict[str, Any]], args, budget: dict[str, Any]) -> str
     lines = [f"# Step batching benchmark ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
              f"PixArt-Sigma {args.size}, {args.steps} steps, step servers `--batching step --step-policy "
              f"{args.step_policy}` (rows: `--max-batch`; requests prepared and finished on the scheduler's host "
-             f"threads) against the unbatched BCG server, device {args.device}"
+             f"threads) against the unbatched BCG server{REQUEST_SERVER if args.with_request else ''}, device "
+             f"{args.device}"
              f"{', every server with `' + args.stack + '`' if args.stack else ''}. Time budget "
              f"{_f(budget.get('total_s'), '.0f')} s, used {_f(budget.get('used_s'), '.0f')} s.", "",
              "| scenario | server | rows | ok | req/s | p50 s | p99 s | occupancy | rows per step | step ms | "
