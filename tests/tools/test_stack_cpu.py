@@ -266,3 +266,25 @@ def test_the_cache_setting_states_what_it_caches():
     assert (described["Fn_compute_blocks"], described["max_cached_steps"], described["max_continuous_cached_steps"]) == (
         1, 16, 2)
     assert CacheSetting(4, 12).describe(flux_like)["Fn_compute_blocks"] == 8  # the default: DBCache's F8B0
+
+
+@pytest.mark.parametrize("name, setting", [("stack_cache_dit.yaml", (4, 12, 8, 1)),
+                                           ("stack_cache_dit_16of28.yaml", (4, 16, 1, 2))])
+def test_the_served_cache_files_are_the_stack_benchmarks_settings(name, setting):
+    """What `--cache cache-dit:scripts/FILE` serves is what the stack benchmark measured (--cache-warmup 4, and
+    --cache-front-blocks / --cache-max-continuous), on Flux.1's block lists."""
+    import cache_dit
+    import torch
+
+    from bcg_diffusion.benchmarks.stack.layers import CacheSetting
+
+    warmup, cached, front, continuous = setting
+    assert CacheSetting.most_cached(28, warmup, continuous) == cached  # the most a 28-step call can cache
+    flux_like = torch.nn.Module()
+    flux_like.transformer_blocks = torch.nn.ModuleList(torch.nn.Identity() for _ in range(19))
+    flux_like.single_transformer_blocks = torch.nn.ModuleList(torch.nn.Identity() for _ in range(38))
+    expected = CacheSetting(warmup, cached, front_blocks=front, max_continuous=continuous).describe(flux_like)
+    served = cache_dit.load_configs(str(YAML.parent / name))["cache_config"]
+    assert {k: getattr(served, k) for k in expected if hasattr(served, k)} == {
+        k: v for k, v in expected.items() if hasattr(served, k)}
+    assert type(served).__name__ == expected["config"]
