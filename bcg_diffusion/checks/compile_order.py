@@ -7,7 +7,8 @@ its warm-up's eager call, a BCG server inside its accelerated transformer's firs
 ``--orders`` in a child process of its own (its own compile state; one compile cache on the machine, as two servers
 share it, so a later child loads what the first compiled: ``--fresh-caches`` gives each child empty caches of its own),
 the speed stack's compile layer (regional compile, the library's attention op) on one pipeline, and
-saves the latents of its calls (``--images``: also their decoded images, what the servers return):
+saves the latents of its calls (``--images``: also their decoded images, what the servers return, and every
+step's latents, so that two calls that part are found at the step where they part):
 
 - ``eager_first``: an eager call (E), then ``accelerate_pipeline`` and two calls (B, B2);
 - ``bcg_first``: ``accelerate_pipeline``, two calls (B, B2), ``remove_acceleration``, an eager call (E);
@@ -43,15 +44,16 @@ ENV_SHOWN = ("TORCHINDUCTOR_DETERMINISTIC", "CUBLAS_WORKSPACE_CONFIG")  # settin
 
 def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str) -> dict[str, Any]:
     """One call; its outputs by name: ``tag`` the final latents, and with ``--images`` also ``tag.image``, the decoded
-    image (the latents taken at the last step's callback, so both come from the same call)."""
+    image, and ``tag.steps``, the latents after every step (taken at each step's callback, so all come from the same
+    call; :func:`compare` names the first step at which two calls part)."""
     import torch
 
     from bcg_diffusion.toolkit.stack import compiled_graphs
 
-    last: dict[str, Any] = {}
+    steps: list[Any] = []
 
     def keep_latents(_pipe, _step, _timestep, callback_kwargs):  # a copy on the device: no host sync per step
-        last["latents"] = callback_kwargs["latents"].detach().clone()
+        steps.append(callback_kwargs["latents"].detach().clone())
         return callback_kwargs
 
     extra = {"output_type": "pt", "callback_on_step_end": keep_latents} if args.images else {"output_type": "latent"}
@@ -64,7 +66,8 @@ def _call(pipe: Any, args: argparse.Namespace, info: dict[str, Any], tag: str) -
         torch.cuda.synchronize()
     info[tag] = {"s": round(time.perf_counter() - started, 3), "compiled_graphs": compiled_graphs()}
     if args.images:
-        return {tag: last["latents"].cpu(), f"{tag}.image": out[0].detach().cpu().clone()}
+        every = torch.stack(steps).cpu()
+        return {tag: every[-1], f"{tag}.image": out[0].detach().cpu().clone(), f"{tag}.steps": every}
     return {tag: out[0].detach().cpu().clone()}
 
 
@@ -153,18 +156,28 @@ class OrderRun:
             self.worker.shutdown()
 
 
+def output_kind(name: str) -> str:
+    """``image``, ``steps`` (every step's latents) or ``latents``, from an output's name."""
+    suffix = name.rsplit(".", 1)[-1]
+    return suffix if suffix in ("image", "steps") else "latents"
+
+
 def compare(saved: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every output against every other of its kind (latents with latents, images with images), across and within
-    orders: which are bitwise equal, and the largest absolute difference of those that are not."""
+    """Every output against every other of its kind (:func:`output_kind`), across and within orders: which are
+    bitwise equal, the largest absolute difference of those that are not, and for every step's latents the first step
+    (0-based) at which they differ."""
     import torch
 
     named = [(f"{order}.{tag}", t) for order, result in saved.items() for tag, t in result["outputs"].items()]
-    pairs = [(a, x, b, y) for (a, x), (b, y) in itertools.combinations(named, 2)
-             if a.endswith(".image") == b.endswith(".image")]
+    pairs = [(a, x, b, y) for (a, x), (b, y) in itertools.combinations(named, 2) if output_kind(a) == output_kind(b)]
+
     def pair(a: str, x, b: str, y) -> dict[str, Any]:
         if torch.equal(x, y):
             return {"a": a, "b": b, "equal": True}
-        return {"a": a, "b": b, "equal": False, "max_abs": float((x.float() - y.float()).abs().max())}
+        found = {"a": a, "b": b, "equal": False, "max_abs": float((x.float() - y.float()).abs().max())}
+        if output_kind(a) == "steps" and x.shape == y.shape:
+            found["first_step"] = next(i for i in range(len(x)) if not torch.equal(x[i], y[i]))
+        return found
 
     return [pair(*p) for p in pairs]
 
@@ -177,10 +190,16 @@ def markdown(report: dict[str, Any]) -> str:
              f"{', each order compiling by itself (fresh caches)' if report.get('fresh_caches') else ''}"
              f"{', calls on a worker thread' if report.get('in_thread') else ''}", "",
              f"{report['date']}, commit `{report['commit']}`, environment {report.get('env') or 'as is'}.", "", "| a | b | bitwise equal |", "|---|---|---|"]
-    lines += [f"| {c['a']} | {c['b']} | {'yes' if c['equal'] else 'NO (max abs ' + format(c['max_abs'], '.3g') + ')'} |"
-              for c in report["comparisons"]]
+    lines += [f"| {c['a']} | {c['b']} | {_verdict(c)} |" for c in report["comparisons"]]
     lines += ["", "## Per order", ""] + [f"- {o}: {json.dumps(i, default=str)}" for o, i in report["orders"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(pair: dict[str, Any]) -> str:
+    if pair["equal"]:
+        return "yes"
+    first = f", first at step {pair['first_step']}" if "first_step" in pair else ""
+    return f"NO (max abs {pair['max_abs']:.3g}{first})"
 
 
 def child_environment(order: str, args: argparse.Namespace) -> dict[str, str] | None:
@@ -210,8 +229,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="calls and warm-up under torch.inference_mode(), as the servers' (default); "
                              "--no-inference-mode: under torch.no_grad(), as the stack benchmark's")
     parser.add_argument("--images", action=argparse.BooleanOptionalAction, default=False,
-                        help="also decode each call's image (output_type='pt'), as the servers do, and compare images "
-                             "beside latents (default off: latents only)")
+                        help="also decode each call's image (output_type='pt'), as the servers do, and keep every "
+                             "step's latents: images compared beside latents, and where two calls differ the first "
+                             "step that differs (default off: final latents only)")
     parser.add_argument("--in-thread", action=argparse.BooleanOptionalAction, default=False,
                         help="the warm-up and the calls on one worker thread, as a server runs them (default off: "
                              "on the main thread)")

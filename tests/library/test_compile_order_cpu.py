@@ -52,6 +52,8 @@ def test_unknown_orders_are_refused(capsys):
 
 
 def test_images_are_compared_beside_latents_and_only_with_images(tmp_path, monkeypatch):
+    import torch
+
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: SimpleNamespace(
         returncode=compile_order.main(command[command.index("bcg_diffusion.checks.compile_order") + 1:]), stderr="")
         if "bcg_diffusion.checks.compile_order" in command else SimpleNamespace(returncode=1, stdout="", stderr=""))
@@ -60,7 +62,10 @@ def test_images_are_compared_beside_latents_and_only_with_images(tmp_path, monke
     report = json.loads((tmp_path / "compile_order.json").read_text())
     pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
     assert ("eager_first.E", "eager_first.B") in pairs and ("eager_first.E.image", "eager_first.B.image") in pairs
-    assert not any(a.endswith(".image") != b.endswith(".image") for a, b in pairs) and len(pairs) == 6
+    assert ("eager_first.E.steps", "eager_first.B.steps") in pairs  # every step's latents, with their kind only
+    assert all(compile_order.output_kind(a) == compile_order.output_kind(b) for a, b in pairs) and len(pairs) == 9
+    saved = torch.load(tmp_path / "order_eager_first.pt")["outputs"]
+    assert saved["E.steps"].shape[0] == 1 and torch.equal(saved["E.steps"][-1], saved["E"])
     assert report["images"] is True and report["env"] == {"TORCHINDUCTOR_DETERMINISTIC": "1"}
 
 
@@ -69,6 +74,20 @@ def test_a_difference_is_reported_with_its_size():
 
     saved = {"o": {"outputs": {"E": torch.zeros(2), "B": torch.tensor([0.0, 0.5])}}}
     assert compile_order.compare(saved) == [{"a": "o.E", "b": "o.B", "equal": False, "max_abs": 0.5}]
+
+
+def test_every_steps_latents_name_the_first_step_that_differs(tmp_path):
+    import torch
+
+    ones = torch.ones(4, 3)
+    later = ones.clone()
+    later[2:, 1] = 2.0  # the calls part at step 2
+    saved = {"o": {"outputs": {"E.steps": ones, "B.steps": later, "E": ones[-1]}}}
+    assert compile_order.compare(saved) == [{"a": "o.E.steps", "b": "o.B.steps", "equal": False, "max_abs": 1.0,
+                                             "first_step": 2}]
+    report = {"family": "flux", "size": "tiny", "height": 64, "width": 64, "steps": 4, "compile": True, "date": "d",
+              "commit": "c", "orders": {}, "comparisons": compile_order.compare(saved)}
+    assert "| o.E.steps | o.B.steps | NO (max abs 1, first at step 2) |" in compile_order.markdown(report)
 
 
 def test_fresh_caches_give_each_child_empty_caches_of_its_own(tmp_path):
