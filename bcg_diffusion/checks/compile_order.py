@@ -16,6 +16,10 @@ step's latents, so that two calls that part are found at the step where they par
   then B, B2, ``remove_acceleration``, E;
 - ``eager_warm_first``: as an eager server starts: the warm-up without acceleration, E, then accelerated B, B2.
 
+An order given twice in ``--orders`` runs twice (``ORDER#2``, a control: the same steps in another process). Each
+child's output goes to ``child_LABEL.log`` in ``--out``, and its report says how many graphs it compiled and how many
+it loaded from torch.compile's on-disk caches (``compile_caches``).
+
 Every call and warm-up runs under ``torch.inference_mode()``, as the servers' (``--no-inference-mode``: under
 ``torch.no_grad()``, as the stack benchmark's and this check's first run, 2026-12-07 15:33, which found the four orders
 bitwise equal at Flux.1-dev 1024 px, 4 steps). Then every saved output of every order is compared bitwise with every
@@ -95,7 +99,28 @@ def run_order(args: argparse.Namespace) -> dict[str, Any]:
         run.play(args.child)
     finally:
         run.close()
+    run.info["compile_caches"] = cache_counters()
     return {"info": run.info, "outputs": run.outputs}
+
+
+def cache_counters() -> dict[str, int]:
+    """torch.compile's on-disk cache counters of this process (Inductor's FX graph cache and AOTAutograd's: hits,
+    misses, ...): whether an order compiled its graphs or loaded what an earlier child compiled."""
+    from torch._dynamo.utils import counters
+
+    return {f"{group}.{name}": count for group in ("inductor", "aot_autograd") for name, count in counters[group].items()
+            if "cache" in name}
+
+
+def labels(orders: list[str]) -> list[str]:
+    """A name per child: the order, and ``ORDER#k`` for its k-th repeat (an order run twice is a control: same
+    steps, a second process)."""
+    seen: dict[str, int] = {}
+    named = []
+    for order in orders:
+        seen[order] = seen.get(order, 0) + 1
+        named.append(order if seen[order] == 1 else f"{order}#{seen[order]}")
+    return named
 
 
 class OrderRun:
@@ -203,9 +228,9 @@ def _verdict(pair: dict[str, Any]) -> str:
 
 
 def child_environment(order: str, args: argparse.Namespace) -> dict[str, str] | None:
-    """The environment of ``order``'s child: this process's (``None``), or with ``--fresh-caches`` one in which
-    Inductor's and Triton's on-disk caches are empty folders of its own under ``--out``, so the child compiles by
-    itself instead of loading what an earlier child compiled."""
+    """The environment of the child named ``order`` (an order, or ``ORDER#k``): this process's (``None``), or with
+    ``--fresh-caches`` one in which Inductor's and Triton's on-disk caches are empty folders of its own under
+    ``--out``, so the child compiles by itself instead of loading what an earlier child compiled."""
     if not args.fresh_caches:
         return None
     caches = args.out / f"caches_{order}"
@@ -222,7 +247,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="denoising steps of each call (default 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated, of {', '.join(ORDERS)}")
+    parser.add_argument("--orders", default=",".join(ORDERS),
+                        help=f"comma-separated, of {', '.join(ORDERS)}; an order given twice runs twice (ORDER#2: a "
+                             "control, the same steps in a second process)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="the speed stack's compile layer (default on)")
     parser.add_argument("--inference-mode", action=argparse.BooleanOptionalAction, default=True,
@@ -242,6 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=finite_float, default=300.0, help="seconds per order's child (default 300)")
     parser.add_argument("--out", type=Path, default=Path("outputs"))
     parser.add_argument("--child", choices=ORDERS, help=argparse.SUPPRESS)  # run one order, save to --out
+    parser.add_argument("--label", help=argparse.SUPPRESS)  # the child's name (its file): the order, or ORDER#k
     args = parser.parse_args(argv)
     orders = [o for o in args.orders.split(",") if o]
     unknown = [o for o in orders if o not in ORDERS]
@@ -257,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         import torch
 
-        torch.save(run_order(args), args.out / f"order_{args.child}.pt")
+        torch.save(run_order(args), args.out / f"order_{args.label or args.child}.pt")
         return 0
     import torch
 
@@ -270,14 +298,16 @@ def main(argv: list[str] | None = None) -> int:
                  "--images" if args.images else "--no-images", "--in-thread" if args.in_thread else "--no-in-thread",
                  *(["--device", args.device] if args.device else [])]
     saved, failures = {}, {}
-    for order in args.order_list:
-        command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order]
+    for order, label in zip(args.order_list, labels(args.order_list)):
+        command = [sys.executable, "-m", "bcg_diffusion.checks.compile_order", *forwarded, "--child", order,
+                   "--label", label]
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False,
-                              env=child_environment(order, args))
+                              env=child_environment(label, args))
+        (args.out / f"child_{label}.log").write_text(f"{done.stdout or ''}{done.stderr or ''}")
         if done.returncode != 0:
-            failures[order] = done.stderr[-2000:]
+            failures[label] = (done.stderr or "")[-2000:]
             continue
-        saved[order] = torch.load(args.out / f"order_{order}.pt")
+        saved[label] = torch.load(args.out / f"order_{label}.pt")
     report = {"family": args.family, "size": args.size, "height": args.height, "width": args.width,
               "steps": args.steps, "compile": args.compile, "inference_mode": args.inference_mode,
               "images": args.images, "fresh_caches": args.fresh_caches,

@@ -26,8 +26,8 @@ def test_each_order_runs_in_its_child_and_every_output_is_compared(tmp_path, mon
         argv = command[command.index("bcg_diffusion.checks.compile_order") + 1:]
         children.append(argv)
         if "bcg_first" in argv:
-            return SimpleNamespace(returncode=1, stderr="the child failed")
-        return SimpleNamespace(returncode=compile_order.main(argv), stderr="")
+            return SimpleNamespace(returncode=1, stdout="", stderr="the child failed")
+        return SimpleNamespace(returncode=compile_order.main(argv), stdout="", stderr="")
 
     monkeypatch.setattr(subprocess, "run", in_process)
     code = compile_order.main([*ARGS, "--orders", "eager_first,warm_first,bcg_first", "--out", str(tmp_path)])
@@ -45,6 +45,30 @@ def test_each_order_runs_in_its_child_and_every_output_is_compared(tmp_path, mon
         tmp_path / "compile_order.md").read_text()
 
 
+def test_an_order_given_twice_runs_twice_as_a_control(tmp_path, monkeypatch):
+    children, real_run = [], subprocess.run
+
+    def in_process(command, **kwargs):
+        if "bcg_diffusion.checks.compile_order" not in command:
+            return real_run(command, **kwargs)  # git, for the commit
+        argv = command[command.index("bcg_diffusion.checks.compile_order") + 1:]
+        children.append((argv[argv.index("--child") + 1], argv[argv.index("--label") + 1], kwargs.get("env")))
+        return SimpleNamespace(returncode=compile_order.main(argv), stdout="child says hi\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", in_process)
+    assert compile_order.main([*ARGS, "--orders", "eager_first,eager_first", "--fresh-caches",
+                               "--out", str(tmp_path)]) == 0
+    assert [(o, label) for o, label, _ in children] == [("eager_first", "eager_first"),
+                                                        ("eager_first", "eager_first#2")]
+    caches = {env["TORCHINDUCTOR_CACHE_DIR"] for _, _, env in children}
+    assert len(caches) == 2  # each run compiles by itself with --fresh-caches
+    report = json.loads((tmp_path / "compile_order.json").read_text())
+    assert sorted(report["orders"]) == ["eager_first", "eager_first#2"]
+    assert ("eager_first.E", "eager_first#2.E") in {(c["a"], c["b"]) for c in report["comparisons"]}
+    assert "compile_caches" in report["orders"]["eager_first#2"]  # nothing compiled here (--no-compile)
+    assert (tmp_path / "child_eager_first#2.log").read_text() == "child says hi\n"
+
+
 def test_unknown_orders_are_refused(capsys):
     with pytest.raises(SystemExit) as exited:
         compile_order.parse_args(["--orders", "eager_first,sideways"])
@@ -55,7 +79,8 @@ def test_images_are_compared_beside_latents_and_only_with_images(tmp_path, monke
     import torch
 
     monkeypatch.setattr(subprocess, "run", lambda command, **kw: SimpleNamespace(
-        returncode=compile_order.main(command[command.index("bcg_diffusion.checks.compile_order") + 1:]), stderr="")
+        returncode=compile_order.main(command[command.index("bcg_diffusion.checks.compile_order") + 1:]), stdout="",
+        stderr="")
         if "bcg_diffusion.checks.compile_order" in command else SimpleNamespace(returncode=1, stdout="", stderr=""))
     monkeypatch.setenv("TORCHINDUCTOR_DETERMINISTIC", "1")
     assert compile_order.main([*ARGS, "--images", "--orders", "eager_first", "--out", str(tmp_path)]) == 0
@@ -120,3 +145,16 @@ def test_in_thread_runs_the_calls_on_one_worker_thread_and_gives_the_same_output
 
     for tag in ("E", "B", "B2"):
         assert torch.equal(results["--in-thread"]["outputs"][tag], results["--no-in-thread"]["outputs"][tag])
+
+
+def test_the_cache_counters_say_hits_and_misses(monkeypatch):
+    from collections import Counter, defaultdict
+
+    from torch._dynamo import utils
+
+    fake = defaultdict(Counter)
+    fake["inductor"].update({"fxgraph_cache_hit": 3, "fxgraph_cache_miss": 1, "pattern_matcher_count": 9})
+    fake["aot_autograd"].update({"autograd_cache_hit": 3, "total": 4})
+    monkeypatch.setattr(utils, "counters", fake)
+    assert compile_order.cache_counters() == {"inductor.fxgraph_cache_hit": 3, "inductor.fxgraph_cache_miss": 1,
+                                              "aot_autograd.autograd_cache_hit": 3}
