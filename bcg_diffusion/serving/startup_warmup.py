@@ -33,8 +33,8 @@ from .runner import CallRunner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "make_room_to_compile", "plan_warmup", "run_warmup",
-           "warm_shapes", "warmup_batches"]
+__all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "make_room_to_compile", "most_warmup_keys",
+           "plan_warmup", "run_warmup", "warm_shapes", "warmup_batches"]
 
 #: Steps per warm-up call (the library's default), unless a step cache needs the default step count.
 WARMUP_STEPS = 2
@@ -107,6 +107,13 @@ def warmup_batches(planner: RequestPlanner, size: Size, shapes=None, adapter: st
 def warm_shapes(planner: RequestPlanner, sizes: list[Size], shapes=None) -> int:
     """The input shapes the warm-up's calls of ``sizes`` make (:func:`warmup_batches`: a batch shape, or each ``n``)."""
     return sum(len(warmup_batches(planner, size, shapes)) for size in sizes)
+
+
+def most_warmup_keys(sizes: int, max_n: int, batched: bool, adapters: bool) -> int:
+    """The most graph keys the warm-up of ``sizes`` sizes captures: per size its batch shape (``batched``: batching
+    on) and a call alone per ``n`` from 1 to ``max_n`` (a size batching leaves alone, or the batch check unbatches),
+    each twice with ``adapters`` (the slot enabled and disabled are two keys)."""
+    return sizes * (max_n + (1 if batched else 0)) * (2 if adapters else 1)
 
 
 def make_room_to_compile(count: int) -> str | None:

@@ -43,9 +43,10 @@ def quiet_library_warnings():
             logging.disable(previous)
 
 
-def speed_up(pipe, *, compile: bool, bcg: bool, on_cuda: bool) -> list[str]:
+def speed_up(pipe, *, compile: bool, bcg: bool, on_cuda: bool, max_graphs: int | None = None) -> list[str]:
     """``--compile`` then ``--bcg`` on ``pipe`` (BCG captures the compiled kernels; without CUDA it runs eagerly,
-    its warnings silenced); the notes to print. ``Failure`` (exit code 1) saying which step failed."""
+    its warnings silenced); ``max_graphs``: the captured keys BCG keeps (``BCGConfig.max_graphs``; ``None``: the
+    library's default). The notes to print. ``Failure`` (exit code 1) saying which step failed."""
     notes = []
     if compile:
         try:
@@ -55,7 +56,8 @@ def speed_up(pipe, *, compile: bool, bcg: bool, on_cuda: bool) -> list[str]:
     if bcg:
         try:
             with contextlib.nullcontext() if on_cuda else quiet_library_warnings():
-                bcg_diffusion.accelerate_pipeline(pipe)
+                config = None if max_graphs is None else bcg_diffusion.BCGConfig(max_graphs=max_graphs)
+                bcg_diffusion.accelerate_pipeline(pipe, config)
         except Exception as exc:  # noqa: BLE001 - e.g. AccelerationError
             raise Failure(1, f"error: BCG could not be applied: {type(exc).__name__}: {exc}") from exc
         notes.append("BCG on" if on_cuda else
