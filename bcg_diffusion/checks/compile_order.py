@@ -14,7 +14,9 @@ step's latents, so that two calls that part are found at the step where they par
 - ``bcg_first``: ``accelerate_pipeline``, two calls (B, B2), ``remove_acceleration``, an eager call (E);
 - ``warm_first``: as a BCG server starts: ``accelerate_pipeline``, ``bcg_diffusion.warmup`` of the size (2 steps),
   then B, B2, ``remove_acceleration``, E;
-- ``eager_warm_first``: as an eager server starts: the warm-up without acceleration, E, then accelerated B, B2.
+- ``eager_warm_first``: the warm-up without acceleration, E, then accelerated B, B2 (a BCG server that compiled in
+  an eager warm-up first);
+- ``eager_only``: as an eager server: the warm-up and two calls (E, E2), never accelerated.
 
 An order given twice in ``--orders`` runs twice (``ORDER#2``, a control: the same steps in another process). Each
 child's output goes to ``child_LABEL.log`` in ``--out``, and its report says how many graphs it compiled and how many
@@ -42,7 +44,7 @@ from typing import Any
 
 from bcg_diffusion.toolkit.numbers import finite_float
 
-ORDERS = ("eager_first", "bcg_first", "warm_first", "eager_warm_first")
+ORDERS = ("eager_first", "bcg_first", "warm_first", "eager_warm_first", "eager_only")
 ENV_SHOWN = ("TORCHINDUCTOR_DETERMINISTIC", "CUBLAS_WORKSPACE_CONFIG")  # settings that choose kernels, in the report
 
 
@@ -138,6 +140,11 @@ class OrderRun:
         """The order's steps (see the module's docstring)."""
         import bcg_diffusion
 
+        if order == "eager_only":  # an eager server: its warm-up, then its calls
+            self.warm()
+            self.call("E")
+            self.call("E2")
+            return
         if order in ("eager_first", "eager_warm_first"):
             if order == "eager_warm_first":
                 self.warm()

@@ -158,3 +158,20 @@ def test_the_cache_counters_say_hits_and_misses(monkeypatch):
     monkeypatch.setattr(utils, "counters", fake)
     assert compile_order.cache_counters() == {"inductor.fxgraph_cache_hit": 3, "inductor.fxgraph_cache_miss": 1,
                                               "aot_autograd.autograd_cache_hit": 3}
+
+
+def test_the_eager_server_order_never_accelerates(tmp_path, monkeypatch):
+    real_run = subprocess.run
+
+    def in_process(command, **kwargs):
+        if "bcg_diffusion.checks.compile_order" not in command:
+            return real_run(command, **kwargs)
+        argv = command[command.index("bcg_diffusion.checks.compile_order") + 1:]
+        return SimpleNamespace(returncode=compile_order.main(argv), stdout="", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", in_process)
+    assert compile_order.main([*ARGS, "--orders", "eager_only,eager_warm_first", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "compile_order.json").read_text())
+    only = report["orders"]["eager_only"]
+    assert "warmup" in only and {"E", "E2"} <= set(only) and "bcg" not in only and "B" not in only
+    assert ("eager_only.E", "eager_warm_first.B") in {(c["a"], c["b"]) for c in report["comparisons"]}
