@@ -34,7 +34,7 @@ from .runner import CallRunner
 logger = logging.getLogger(__name__)
 
 __all__ = ["WARMUP_STEPS", "CombinedWarmupReport", "WarmupPlan", "make_room_to_compile", "most_warmup_keys",
-           "plan_warmup", "run_warmup", "warm_shapes", "warmup_batches"]
+           "plan_warmup", "run_warmup", "warm_shapes", "warms_default_size", "warmup_batches"]
 
 #: Steps per warm-up call (the library's default), unless a step cache needs the default step count.
 WARMUP_STEPS = 2
@@ -54,7 +54,7 @@ def plan_warmup(sizes: tuple[Size, ...], default_size: Size, default_steps: int,
     """The warm-up of a server with ``--warmup`` ``sizes``, its default request (``default_size``,
     ``default_steps``) and its speed stack (a :class:`~bcg_diffusion.toolkit.stack_options.StackOptions`)."""
     notes = []
-    if not sizes and (stack.compile or stack.cache is not None):
+    if warms_default_size(sizes, stack):
         sizes = (default_size,)
         notes.append(f"warm-up: no --warmup given; the stack ({stack.describe()}) compiles or caches steps, so the "
                      f"default size {default_size} is warmed before listening")
@@ -65,6 +65,12 @@ def plan_warmup(sizes: tuple[Size, ...], default_size: Size, default_steps: int,
                      f"({stack.cache.text}) reuses only after its first steps and a cached step may need graphs or "
                      "compiled code a computed step does not")
     return WarmupPlan(tuple(sizes), steps, tuple(notes))
+
+
+def warms_default_size(sizes: tuple[Size, ...], stack) -> bool:
+    """Whether the warm-up runs the default size: no ``--warmup`` sizes, and a stack that compiles or caches steps
+    (so that requests of that size neither capture nor compile)."""
+    return not sizes and (stack.compile or stack.cache is not None)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from bcg_diffusion.toolkit.stack import apply_speed_layers, quantize_layer
 
 from ..adapters.bank import attach_adapters
 from ..server_plan import ServerPlan, prog
-from ..startup_warmup import most_warmup_keys
+from ..startup_warmup import most_warmup_keys, warms_default_size
 from .model import BuiltModel
 
 __all__ = ["SpedUp", "graphs_to_keep", "speed_up_model", "stack_line"]
@@ -59,7 +59,7 @@ def graphs_to_keep(plan: ServerPlan) -> tuple[int | None, str | None]:
     """BCG's ``max_graphs`` for the server and the line that says why: the most keys its warm-up may capture
     (:func:`~..startup_warmup.most_warmup_keys`) where that is above the library's default (``None`` and no line
     otherwise, and without a warm-up)."""
-    sizes = len(plan.warmup) or (1 if plan.stack.compile or plan.stack.cache is not None else 0)
+    sizes = len(plan.warmup) or (1 if warms_default_size(plan.warmup, plan.stack) else 0)
     adapters = bool(plan.catalog.adapters)
     most = most_warmup_keys(sizes, plan.requests.max_n, plan.batching.rows > 1, adapters)
     default = BCGConfig.max_graphs
