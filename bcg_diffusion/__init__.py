@@ -57,6 +57,7 @@ _EXPORTS: dict[str, str | None] = {
     "CachePasses": ".step_caches",
     "STEP_CACHE_HOOK_NAMES": ".step_caches",
     "count_cache_passes": ".step_caches",
+    "pipeline_for_thread": ".thread_pipelines",
     "WarmedShape": ".warmup",
     "WarmupReport": ".warmup",
     "warmup": ".warmup",

@@ -20,7 +20,6 @@ CUDA acceleration is a no-op, so a CPU run checks the plumbing only. Reports ``s
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import threading
@@ -105,11 +104,11 @@ def generate(pipe: Any, seed: int, steps: int) -> torch.Tensor:
 
 
 def second_pipeline(pipe: Any) -> Any:
-    """A second pipeline on ``pipe``'s components (its own scheduler), in ``pipe``'s dtype. Diffusers' ``from_pipe``
-    casts the new pipeline, and so every component the two share, to its ``torch_dtype``, float32 when none is given:
-    this check's run of 2026-12-07 15:34 compared float32 calls with bfloat16 references (60 of 60 different; the
-    controls of 16:31 showed the bits move at ``from_pipe``, eager calls included)."""
-    other = type(pipe).from_pipe(pipe, scheduler=copy.deepcopy(pipe.scheduler), torch_dtype=pipe.dtype)
+    """A second pipeline on ``pipe``'s models for the other thread: :func:`bcg_diffusion.pipeline_for_thread` (its own
+    scheduler and tokenizers, ``pipe``'s dtype). This check's run of 2026-12-07 15:34 made it with ``from_pipe``'s
+    default dtype (float32 calls against bfloat16 references: 60 of 60 different); its CPU test of that evening
+    shared the tokenizers (1 of 4 different in CI, 9 of 520 under load with acceleration off: a tokenizer race)."""
+    other = bcg_diffusion.pipeline_for_thread(pipe)
     other.set_progress_bar_config(disable=True)
     return other
 

@@ -220,15 +220,13 @@ def test_two_pipelines_in_two_threads_with_eager_work_beside_them():
 
 
 def test_one_transformer_shared_by_two_threads_is_serialised():
-    import copy
-
-    from diffusers import FluxPipeline
-
     family = "flux"
     pipe = build(family)
     eager = run(pipe, family)
     bcg.accelerate_pipeline(pipe)
-    other = FluxPipeline.from_pipe(pipe, scheduler=copy.deepcopy(pipe.scheduler))
+    # its own scheduler and tokenizers: shared fast tokenizers race (docs/accelerate.md "Threads"); the suite's one
+    # failure of this test (13:49, 1 of 6 different) had them shared
+    other = bcg.pipeline_for_thread(pipe)
     results, errors = [], []
 
     def worker(p):

@@ -61,5 +61,6 @@ def test_the_second_pipeline_keeps_the_first_ones_dtype():
     pipe = pipelines.build_pipeline(shared_transformer.FAMILY, size="tiny", device="cpu", dtype=torch.bfloat16, seed=0)
     other = shared_transformer.second_pipeline(pipe)
     assert other.transformer is pipe.transformer and other.scheduler is not pipe.scheduler
+    assert other.tokenizer is not pipe.tokenizer and other.tokenizer_2 is not pipe.tokenizer_2  # they race when shared
     assert pipe.transformer.dtype == pipe.text_encoder.dtype == pipe.vae.dtype == torch.bfloat16
     assert type(pipe).from_pipe(pipe).transformer.dtype == torch.float32  # what from_pipe does by default

@@ -1,0 +1,55 @@
+"""bcg_diffusion.pipeline_for_thread on the CPU: what the second pipeline shares with the first (the torch modules)
+and what it gets its own copy of (scheduler, tokenizers), its dtype, component overrides, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bcg_diffusion
+import bcg_pipelines as pipelines
+
+
+@pytest.fixture(scope="module")
+def flux_pipe():
+    pipe = pipelines.build_pipeline("flux", size="tiny", device="cpu", dtype=torch.bfloat16, seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_the_models_are_shared_and_everything_else_is_copied(flux_pipe):
+    other = bcg_diffusion.pipeline_for_thread(flux_pipe)
+    assert type(other) is type(flux_pipe)
+    for name, value in flux_pipe.components.items():
+        if isinstance(value, torch.nn.Module):
+            assert other.components[name] is value, name
+        elif value is not None:
+            assert other.components[name] is not value and type(other.components[name]) is type(value), name
+    assert {"scheduler", "tokenizer", "tokenizer_2"} <= {
+        n for n, v in flux_pipe.components.items() if v is not None and not isinstance(v, torch.nn.Module)}
+
+
+def test_the_dtype_and_the_progress_bar_settings_are_kept(flux_pipe):
+    other = bcg_diffusion.pipeline_for_thread(flux_pipe)
+    assert other.dtype == flux_pipe.dtype == torch.bfloat16
+    assert flux_pipe.transformer.dtype == flux_pipe.text_encoder.dtype == torch.bfloat16  # from_pipe did not cast them
+    assert other._progress_bar_config == {"disable": True}
+
+
+def test_the_copies_encode_as_the_originals(flux_pipe):
+    other = bcg_diffusion.pipeline_for_thread(flux_pipe)
+    for name in ("tokenizer", "tokenizer_2"):
+        mine, theirs = getattr(flux_pipe, name), getattr(other, name)
+        kwargs = dict(padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+        assert torch.equal(mine("a red fox", **kwargs).input_ids, theirs("a red fox", **kwargs).input_ids)
+
+
+def test_a_component_given_replaces_the_copy(flux_pipe):
+    scheduler = type(flux_pipe.scheduler).from_config(flux_pipe.scheduler.config, shift=2.0)
+    other = bcg_diffusion.pipeline_for_thread(flux_pipe, scheduler=scheduler)
+    assert other.scheduler is scheduler and other.tokenizer is not flux_pipe.tokenizer
+
+
+def test_something_else_than_a_pipeline_is_refused():
+    with pytest.raises(TypeError, match="takes a diffusers pipeline .* got Linear"):
+        bcg_diffusion.pipeline_for_thread(torch.nn.Linear(2, 2))
