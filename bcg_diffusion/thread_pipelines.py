@@ -12,17 +12,20 @@ differ from eager without any graph involved:
   Flux, two threads, 2026-12-07): 9 of 520 generations different from eager (max 0.39), 6 of 1,600 tokenizer
   calls with the wrong length, 0 of 1,600 text-encoder calls on fixed ids and 0 of 600 pipeline calls on
   precomputed embeddings;
-- the dtype: ``from_pipe`` casts the new pipeline, and so every component the two share, to its
-  ``torch_dtype``, float32 when none is given.
+- the dtype: ``from_pipe`` ends with ``.to(dtype=torch_dtype)`` (float32 when none is given) on the new pipeline,
+  and so on every module the two share: a bfloat16 pipeline becomes float32, and a pipeline whose VAE is kept in
+  float32 beside a bfloat16 transformer loses that with any one dtype.
 
-:func:`pipeline_for_thread` gives the new pipeline a deep copy of every component that is not a torch module
-(schedulers, tokenizers, processors) and the first pipeline's dtype; the torch modules (transformers, text
-encoders, VAE) stay shared, in one copy in memory.
+:func:`pipeline_for_thread` builds the new pipeline with its class's constructor instead: the torch modules
+(transformers, text encoders, VAE) passed as they are, shared, in one copy in memory and never cast; a deep copy of
+every other component (schedulers, tokenizers, processors); the first pipeline's settings (its config values that
+are constructor arguments, its progress-bar settings).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 __all__ = ["pipeline_for_thread"]
@@ -31,16 +34,31 @@ __all__ = ["pipeline_for_thread"]
 def pipeline_for_thread(pipe: Any, **components: Any) -> Any:
     """A pipeline of ``pipe``'s class on the same torch modules, with its own copy of every other component.
 
-    ``components`` replace components by name, as in ``from_pipe``. The result has ``pipe``'s dtype and its
-    progress-bar settings; an acceleration of ``pipe``'s transformer serves it too (one runner, calls
+    ``components`` replace components by name, as in ``from_pipe``. Nothing is cast: every module keeps its dtype
+    and device. An acceleration of ``pipe``'s transformer serves the new pipeline too (one runner, calls
     serialised). Call each pipeline from one thread only.
     """
     import torch
 
-    if not hasattr(type(pipe), "from_pipe") or not hasattr(pipe, "components"):
+    if not hasattr(type(pipe), "from_pipe") or not isinstance(getattr(pipe, "components", None), dict):
         raise TypeError(f"pipeline_for_thread takes a diffusers pipeline (with from_pipe), got {type(pipe).__name__}")
-    own = {name: copy.deepcopy(value) for name, value in pipe.components.items()
-           if value is not None and not isinstance(value, torch.nn.Module) and name not in components}
-    other = type(pipe).from_pipe(pipe, torch_dtype=pipe.dtype, **own, **components)
+    unknown = sorted(set(components) - set(pipe.components))
+    if unknown:
+        raise TypeError(f"{type(pipe).__name__} has no component {', '.join(unknown)}; its components: "
+                        f"{', '.join(sorted(pipe.components))}")
+    arguments: dict[str, Any] = {}
+    for name, parameter in inspect.signature(type(pipe).__init__).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or name == "self":
+            continue
+        if name in components:
+            arguments[name] = components[name]
+        elif name in pipe.components:
+            value = pipe.components[name]
+            arguments[name] = value if value is None or isinstance(value, torch.nn.Module) else copy.deepcopy(value)
+        elif name in pipe.config:
+            arguments[name] = pipe.config[name]
+    other = type(pipe)(**arguments)
+    if pipe.config.get("_name_or_path") is not None:
+        other.register_to_config(_name_or_path=pipe.config["_name_or_path"])
     other.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))
     return other

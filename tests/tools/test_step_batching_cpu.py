@@ -101,6 +101,19 @@ def test_a_request_alone_equals_the_stock_pipeline_at_the_same_batch_shape(pipes
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_the_loop_shares_the_models_and_not_the_tokenizers(pipes, family):
+    """The preparing thread encodes while the server's worker may run a whole call with the server's pipeline: two
+    threads on one fast tokenizer can encode a prompt at the wrong length (docs/accelerate.md "Threads")."""
+    pipe = pipes[family]
+    loop = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS)).loop
+    for name, value in pipe.components.items():
+        if isinstance(value, torch.nn.Module):
+            assert loop.pipe.components[name] is value, name
+        elif name.startswith("tokenizer") and value is not None:
+            assert loop.pipe.components[name] is not value, name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_requests_image_does_not_depend_on_what_joins_or_leaves_its_batch(pipes, family):
     pipe = pipes[family]
     count_key = "num_videos_per_prompt" if family == "wan" else "num_images_per_prompt"

@@ -16,6 +16,11 @@ does in its ``__call__``, in three parts the scheduler drives:
 
 Every call of every model has a fixed shape and no kernel mixes rows, so a row's values depend on that row alone:
 a request's images do not depend on what joined or left its batch (the reproducibility rule).
+
+The loop works on its own pipeline (``bcg_diffusion.pipeline_for_thread``): the server's models, shared, with its own
+tokenizers and scheduler. Its preparing thread encodes while the server's worker may run a whole pipeline call (a
+size above ``--batch-work-limit``, the warm-up's checks) with the server's pipeline, and two threads on one fast
+tokenizer can encode a prompt at the wrong length (docs/accelerate.md "Threads").
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 import bcg_pipelines as pipelines
+from bcg_diffusion import pipeline_for_thread
 
 from .config import FILLER_PROMPT, FILLER_SEED, StepConfig, StepError, row_seeds
 from .rows import Plan, Row, RunningBatch
@@ -120,7 +126,7 @@ class FamilyLoop:
 
     def __init__(self, pipe, config: StepConfig):
         check_servable(pipe)
-        self.pipe, self.config = pipe, config
+        self.pipe, self.config = pipeline_for_thread(pipe), config
         self.defaults = call_defaults(pipe)
         self.device = pipe._execution_device
         self.generator_device = "cuda" if self.device.type == "cuda" else "cpu"
