@@ -118,6 +118,21 @@ def test_from_pipe_shares_the_acceleration_and_its_calls_re_read_weights(pretend
     assert not bcg.is_accelerated(flux_pipe)
 
 
+def test_a_pipeline_for_a_thread_shares_the_acceleration_and_its_calls_re_read_weights(pretend_cuda, flux_pipe):
+    bcg.accelerate_pipeline(flux_pipe)
+    other = bcg.pipeline_for_thread(flux_pipe)
+    assert bcg.is_accelerated(other) and acc._runners(other) == acc._runners(flux_pipe)
+    assert other.tokenizer is not flux_pipe.tokenizer and other.scheduler is not flux_pipe.scheduler
+    runner = acc._runners(other)[0]
+    first = runner.state.weights.current()
+    with torch.no_grad():
+        next(other.transformer.parameters()).add_(1)
+    _call(other)  # the end of its pipeline call re-reads, as for the first pipeline's
+    assert runner.state.weights.current() != first
+    bcg.remove_acceleration(other)
+    assert not bcg.is_accelerated(flux_pipe)
+
+
 def _refusal_setups():
     def casting(model):
         model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
