@@ -231,3 +231,29 @@ def _adapter_state(layer: Any) -> tuple:
         bool(getattr(layer, "disable_adapters", False)),
         tuple(getattr(layer, "merged_adapters", ()) or ()),
     )
+
+
+def describe_adapters(fingerprint: Any) -> str:
+    """The adapters a fingerprint of :meth:`WeightsFingerprint.current` has active, for a key's description:
+    ``"adapters a (scaling 0.5)"``, ``"adapters disabled"``, or ``""`` (no adapter layer, none active, or not such
+    a fingerprint). Two keys that differ only in their adapters' state then read differently."""
+    if not (isinstance(fingerprint, tuple) and len(fingerprint) == 4 and fingerprint[3]):
+        return ""
+    layers = fingerprint[3]
+    if all(disabled for _, _, disabled, _ in layers):
+        return "adapters disabled"
+    seen: dict[str, set] = {}
+    for scaling, active, disabled, merged in layers:
+        if disabled:
+            continue
+        for name in (*active, *merged):
+            seen.setdefault(name, set()).add(dict(scaling).get(name))
+    if not seen:
+        return ""
+    parts = []
+    for name in sorted(seen)[:3]:
+        scales = sorted(f"{v:g}" for v in seen[name] if isinstance(v, (int, float)))
+        parts.append(f"{name} (scaling {', '.join(scales[:3])}{', ...' if len(scales) > 3 else ''})" if scales else name)
+    more = f" and {len(seen) - 3} more" if len(seen) > 3 else ""
+    return "adapters " + ", ".join(parts) + more
+

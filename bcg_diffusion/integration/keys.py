@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.tree import node_of, tree_map, walk
+from .fingerprint import describe_adapters
 from .object_inputs import ObjectLayout, Opaque, copy_with, is_plain_object, object_leaves, witness
 
 _HASHABLE_LEAVES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
@@ -74,8 +75,11 @@ class GraphKey:
         return tuple(differing)
 
     def summary(self) -> str:
-        """Short description: the tensor inputs and their shapes."""
-        return ", ".join(f"{p}={v}" for p, v in self.inputs if isinstance(v, TensorSpec))
+        """Short description: the tensor inputs and their shapes, then the active adapters where there are any
+        (keys that differ in their adapters' state only read differently)."""
+        tensors = ", ".join(f"{p}={v}" for p, v in self.inputs if isinstance(v, TensorSpec))
+        adapters = describe_adapters(self.weights)
+        return f"{tensors}; {adapters}" if adapters else tensors
 
 
 def _show(value: Any) -> str:
