@@ -47,6 +47,30 @@ def test_the_request_verdict_states_both_ratios_without_judging():
                                  "requests per call 7.50")
 
 
+def test_the_steady_throughput_leaves_out_the_fill_and_the_drain():
+    from bcg_diffusion.serving.load.report import steady_throughput
+    from bcg_diffusion.serving.load.run import Outcome
+
+    def answers(times):
+        return [Outcome(i, "x", "64x64", 200, 0.1, done_at=t) for i, t in enumerate(times)]
+
+    # 2 clients, 10 answers: the first two (a slow fill) and the last two (a slow drain) left out; 5 answers, one
+    # every 0.5 s, between the answer at 3.0 and the one at 5.5
+    times = [2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 9.0, 12.0]
+    assert steady_throughput(answers(times), 2) == 5 / 2.5
+    assert steady_throughput(answers(times[:5]), 2) is None  # not more than 2 * clients + 1 answers
+    assert steady_throughput(answers(times), None) is None  # an open loop
+    assert steady_throughput(answers(times) + [Outcome(99, "x", "64x64", 0, 0.1)], 2) == 5 / 2.5  # no time: left out
+
+
+def test_the_steady_verdict_states_each_ratio_without_judging():
+    summaries = {"off": {"throughput_steady_rps": 8.0}, "step": {"throughput_steady_rps": 18.0},
+                 "request": {"throughput_steady_rps": None}}
+    verdict = step_bench.steady_verdict("s256-c16", summaries, 16)
+    assert verdict["passed"] is None and verdict["name"] == "s256-c16: steady state (first and last 16 answers left out)"
+    assert verdict["detail"] == "throughput step/off 2.25x, request/off -; off 8.00 req/s"
+
+
 def test_the_stack_goes_to_every_server_alike():
     args = parse("--eager-check", "--stack=--compile")  # one option: written with "=", as argparse needs
     assert all(" --compile" in server_args(role, args) for role in ("off", "step", "step-r4", "eager-step"))
@@ -87,7 +111,7 @@ def test_the_budget_skips_what_no_longer_fits_and_shortens_the_open_loop_run(mon
 
 def test_the_report_names_rows_occupancy_wait_and_step_time():
     timing = {"mean": 0.015}
-    step = {"ok": 8, "requests": 8, "throughput_rps": 15.8, "latency_s": {"p50": 0.47, "p99": 0.5},
+    step = {"ok": 8, "requests": 8, "throughput_rps": 15.8, "throughput_steady_rps": 16.25, "latency_s": {"p50": 0.47, "p99": 0.5},
             "batching": {"max_batch": 4, "occupancy": 0.9, "mean_rows_per_step": 3.6, "step_s": timing,
                          "wait_s": {"mean": 0.04}, "prepare_s": {"mean": 0.02}, "finish_s": {"mean": 0.01}}}
     results = [{"scenario": "mixed-c8-r4", "rows": 4, "summaries": {"step": step}, "checks": [],
@@ -95,7 +119,7 @@ def test_the_report_names_rows_occupancy_wait_and_step_time():
                 "request_ratio": {"throughput_ratio": 1.1, "p99_ratio": 0.9}},
                {"scenario": "poisson", "rate": 9.0, "duration_s": 60, "p99_over_alone": 1.5, "checks": []}]
     text = step_bench.markdown(results, parse(), {"total_s": 360, "used_s": 300})
-    assert "| mixed-c8-r4 | step | 4 | 8/8 | 15.80 | 0.470 | 0.500 | 0.90 | 3.60 | 15.0 | 40.0 | 20.0 | 10.0 |" in text
+    assert "| mixed-c8-r4 | step | 4 | 8/8 | 15.80 | 16.25 | 0.470 | 0.500 | 0.90 | 3.60 | 15.0 | 40.0 | 20.0 | 10.0 |" in text
     assert "(step server rows 4): throughput step/off 2.00x, p99 step/off 0.50x; request/off 1.10x, p99 0.90x" in text
     assert "p99 / a request alone 1.50x" in text and "request-batching server" not in text
     assert "and the request-batching server" in step_bench.markdown(results, parse("--with-request"), {})

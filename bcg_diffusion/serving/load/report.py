@@ -9,7 +9,7 @@ from typing import Any
 from .run import ServerRun
 
 __all__ = ["alone_check", "batching_during", "cross_check", "format_report", "latency_ratios", "percentile",
-           "queue_trend", "step_batching_during", "summarize", "throughput_ratio"]
+           "queue_trend", "steady_throughput", "step_batching_during", "summarize", "throughput_ratio"]
 
 MIB = 2**20
 
@@ -169,6 +169,18 @@ def alone_check(run: ServerRun) -> dict[str, Any] | None:
             "mismatched": mismatched, "failed": failed}
 
 
+def steady_throughput(outcomes: list, clients: int | None) -> float | None:
+    """Answers per second with every client of a closed loop busy: from the ``clients``-th answer to the last
+    request sent (the ``N - clients``-th answer), leaving out the fill at the start and the drain at the end, where
+    a batching server runs part-empty batches for want of requests; a short run's whole-run rate counts them.
+    ``None`` for an open loop, or with ``2 * clients + 1`` answers or fewer."""
+    times = sorted(o.done_at for o in outcomes if o.done_at is not None)
+    if not clients or len(times) <= 2 * clients + 1:
+        return None
+    first, last = times[clients], times[-1 - clients]
+    return (len(times) - 1 - 2 * clients) / (last - first) if last > first else None
+
+
 def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
     """One server's numbers: counts, errors by status, latency percentiles (answered requests), throughput,
     GPU memory at start and end, graphs captured during the load, equal-request consistency, per size."""
@@ -199,6 +211,7 @@ def summarize(run: ServerRun, memory_tolerance: float = 0.05) -> dict[str, Any]:
         "pipeline_s": _latencies([o.pipeline_s for o in ok if o.pipeline_s is not None]),
         "queue_s": _latencies([o.queue_s for o in ok if o.queue_s is not None]),
         "throughput_rps": len(ok) / run.wall_s if run.wall_s > 0 else None,
+        "throughput_steady_rps": steady_throughput(ok, run.concurrency),
         "images_per_s": images / run.wall_s if run.wall_s > 0 else None,
         "gpu_memory": _memory(run, memory_tolerance),
         "captures_during_load": None if c0 is None or c1 is None else c1 - c0, "compiles_during_load": _compiles(run),

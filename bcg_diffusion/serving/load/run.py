@@ -66,7 +66,8 @@ def get_stats(url: str) -> dict[str, Any]:
 @dataclass
 class Outcome:
     """One request: its place in the mix, its identity, the status (0: no HTTP answer), the client-side
-    latency, the server's queue and pipeline seconds, and per image the payload and pixel hashes."""
+    latency, the server's queue and pipeline seconds, and per image the payload and pixel hashes; ``done_at``: when
+    its answer (or its transport error) came, on the client's ``time.perf_counter`` clock."""
 
     index: int
     identity: str
@@ -80,6 +81,7 @@ class Outcome:
     error: str | None = None
     model: str | None = None
     batch_requests: int | None = None
+    done_at: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,7 +90,8 @@ class Outcome:
 
 @dataclass
 class ServerRun:
-    """The outcomes of one server's run, with ``/stats`` before and after and the memory polled meanwhile."""
+    """The outcomes of one server's run, with ``/stats`` before and after and the memory polled meanwhile;
+    ``concurrency``: the closed loop's clients (``None``: open loop)."""
 
     label: str
     url: str
@@ -100,6 +103,7 @@ class ServerRun:
     timed_out: bool = False
     alone: list[Outcome] = field(default_factory=list)
     open_loop: dict[str, Any] | None = None
+    concurrency: int | None = None
 
 
 def _header_float(response: httpx.Response, name: str) -> float | None:
@@ -116,9 +120,10 @@ def send_one(http: httpx.Client, index: int, body: dict[str, Any]) -> Outcome:
     try:
         response = http.post(GENERATIONS_PATH, json=body)
     except httpx.HTTPError as exc:
-        return Outcome(**base, status=0, latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}")
-    latency = time.perf_counter() - start
-    outcome = Outcome(**base, status=response.status_code, latency_s=latency,
+        done = time.perf_counter()
+        return Outcome(**base, status=0, latency_s=done - start, error=f"{type(exc).__name__}: {exc}", done_at=done)
+    done = time.perf_counter()
+    outcome = Outcome(**base, status=response.status_code, latency_s=done - start, done_at=done,
                       queue_s=_header_float(response, "x-queue-seconds"),
                       pipeline_s=_header_float(response, "x-pipeline-seconds"))
     batch = _header_float(response, "x-batch-requests")
@@ -211,7 +216,7 @@ def run_load(url: str, bodies: list[dict[str, Any]], *, label: str, concurrency:
     with loop.lock:
         done = sorted(loop.outcomes, key=lambda o: o.index)
     return ServerRun(label, url, done, wall, stats_start, get_stats(url), poller.polls,
-                     loop.timed_out.is_set() or any(t.is_alive() for t in threads))
+                     loop.timed_out.is_set() or any(t.is_alive() for t in threads), concurrency=concurrency)
 
 
 def replay_alone(url: str, run: ServerRun, *, request_timeout_s: float, time_limit_s: float) -> list[Outcome]:

@@ -254,6 +254,7 @@ def run_scenario(name: str, urls: dict[str, str], args, first: bool) -> dict[str
     if "request" in summaries:
         result["request_ratio"], verdict = request_verdict(name, summaries)
         checks.append(verdict)
+    checks.append(steady_verdict(name, summaries, scenario.clients))
     if first:
         checks += first_checks(runs, summaries, cross_check)
     return result
@@ -271,6 +272,16 @@ def request_verdict(name: str, summaries: dict[str, Any]) -> tuple[dict[str, Any
                           f"request/off throughput {_x(to_off['throughput_ratio'])}, p99 {_x(to_off['p99_ratio'])}; "
                           f"step/request throughput {_x(step_over['throughput_ratio'])}, p99 "
                           f"{_x(step_over['p99_ratio'])}; requests per call {_f(per_call, '.2f')}")
+
+
+def steady_verdict(name: str, summaries: dict[str, Any], clients: int) -> dict[str, Any]:
+    """Each batching server's throughput over the unbatched one's with every client busy (the first and last
+    ``clients`` answers of each run left out: ``report.steady_throughput``); information, not the target."""
+    off = summaries["off"].get("throughput_steady_rps")
+    parts = [f"{role}/off {_x(s['throughput_steady_rps'] / off if off and s.get('throughput_steady_rps') else None)}"
+             for role, s in summaries.items() if role in ("step", "request")]
+    return _check(f"{name}: steady state (first and last {clients} answers left out)", None,
+                  f"throughput {', '.join(parts)}; off {_f(off, '.2f')} req/s")
 
 
 def first_checks(runs, summaries, cross_check) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ def _ms(timing: dict[str, Any] | None) -> str:
 def _md_row(scenario: str, role: str, s: dict[str, Any]) -> str:
     lat, b = s["latency_s"], s.get("batching") or {}
     return (f"| {scenario} | {role} | {b.get('max_batch', '-')} | {s['ok']}/{s['requests']} | "
-            f"{_f(s['throughput_rps'], '.2f')} | {_f(lat['p50'])} | {_f(lat['p99'])} | {_f(b.get('occupancy'), '.2f')} | "
+            f"{_f(s['throughput_rps'], '.2f')} | {_f(s.get('throughput_steady_rps'), '.2f')} | {_f(lat['p50'])} | {_f(lat['p99'])} | {_f(b.get('occupancy'), '.2f')} | "
             f"{_f(b.get('mean_rows_per_step'), '.2f')} | {_ms(b.get('step_s'))} | {_ms(b.get('wait_s'))} | "
             f"{_ms(b.get('prepare_s'))} | {_ms(b.get('finish_s'))} |")
 
@@ -58,8 +58,9 @@ def _title(r: dict[str, Any]) -> str:
 
 
 def markdown(results: list[dict[str, Any]], args, budget: dict[str, Any]) -> str:
-    """The table of every run (rows: the step server's slots per running batch; occupancy, rows per step, step ms,
-    wait to join, prepare and finish ms from its ``/stats``), then each scenario's verdicts."""
+    """The table of every run (rows: the step server's slots per running batch; steady req/s: with every client
+    busy; occupancy, rows per step, step ms, wait to join, prepare and finish ms from its ``/stats``), then each
+    scenario's verdicts."""
     lines = [f"# Step batching benchmark ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
              f"PixArt-Sigma {args.size}, {args.steps} steps, step servers `--batching step --step-policy "
              f"{args.step_policy}` (rows: `--max-batch`; requests prepared and finished on the scheduler's host "
@@ -67,9 +68,9 @@ def markdown(results: list[dict[str, Any]], args, budget: dict[str, Any]) -> str
              f"{args.device}"
              f"{', every server with `' + args.stack + '`' if args.stack else ''}. Time budget "
              f"{_f(budget.get('total_s'), '.0f')} s, used {_f(budget.get('used_s'), '.0f')} s.", "",
-             "| scenario | server | rows | ok | req/s | p50 s | p99 s | occupancy | rows per step | step ms | "
-             "wait to join ms | prepare ms | finish ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| scenario | server | rows | ok | req/s | steady req/s | p50 s | p99 s | occupancy | rows per step | "
+             "step ms | wait to join ms | prepare ms | finish ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines += [_md_row(r["scenario"], role, s) for role, s in r.get("summaries", {}).items()]
     for r in results:
