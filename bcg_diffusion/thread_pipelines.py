@@ -9,9 +9,9 @@ differ from eager without any graph involved:
   pipelines call it twice per prompt (``padding="max_length"``, then ``padding="longest"`` to warn about
   truncation); another thread's second call can land between a call's settings and its encoding, so the prompt
   is encoded at the longest length instead of the maximum one. Measured on the CPU with acceleration off (tiny
-  Flux, two threads, 2026-12-07): 9 of 520 generations different from eager (max 0.39), 6 of 1,600 tokenizer
-  calls with the wrong length, 0 of 1,600 text-encoder calls on fixed ids and 0 of 600 pipeline calls on
-  precomputed embeddings;
+  Flux, two threads, 2026-12-07): 9 of 520 and 11 of 504 generations different from eager (max 0.39), 0 of 600
+  and 0 of 508 with copies; 6 of 1,600 tokenizer calls with the wrong length, 0 of 1,600 text-encoder calls on
+  fixed ids and 0 of 600 pipeline calls on precomputed embeddings;
 - the dtype: ``from_pipe`` ends with ``.to(dtype=torch_dtype)`` (float32 when none is given) on the new pipeline,
   and so on every module the two share: a bfloat16 pipeline becomes float32, and a pipeline whose VAE is kept in
   float32 beside a bfloat16 transformer loses that with any one dtype.
