@@ -39,7 +39,8 @@ def _ms(timing: dict[str, Any] | None) -> str:
 def _md_row(scenario: str, role: str, s: dict[str, Any]) -> str:
     lat, b = s["latency_s"], s.get("batching") or {}
     return (f"| {scenario} | {role} | {b.get('max_batch', '-')} | {s['ok']}/{s['requests']} | "
-            f"{_f(s['throughput_rps'], '.2f')} | {_f(s.get('throughput_steady_rps'), '.2f')} | {_f(lat['p50'])} | {_f(lat['p99'])} | {_f(b.get('occupancy'), '.2f')} | "
+            f"{_f(s['throughput_rps'], '.2f')} | {_f(s.get('throughput_steady_rps'), '.2f')} | {_f(lat['p50'])} | "
+            f"{_f(lat['p99'])} | {_f(b.get('occupancy'), '.2f')} | "
             f"{_f(b.get('mean_rows_per_step'), '.2f')} | {_ms(b.get('step_s'))} | {_ms(b.get('wait_s'))} | "
             f"{_ms(b.get('prepare_s'))} | {_ms(b.get('finish_s'))} |")
 
