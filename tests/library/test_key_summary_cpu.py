@@ -46,3 +46,10 @@ def test_the_adapters_state_is_in_the_summary():
 
 def test_other_fingerprints_describe_no_adapters():
     assert describe_adapters(None) == describe_adapters((1, 2, 3)) == describe_adapters((1, 2, 3, ())) == ""
+
+
+def test_a_scaling_held_in_a_tensor_is_named_without_a_value():
+    """The server's hot-swap slot keeps each scaling as a 0-dim tensor written in place (one key for every scale):
+    the description names the slot, not a value that the key does not hold."""
+    layer = ((("slot", torch.tensor(0.5)),), ("slot",), False, ())
+    assert describe_adapters((1, 2, 3, (layer,))) == "adapters slot"
