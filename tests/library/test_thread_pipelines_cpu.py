@@ -80,3 +80,9 @@ def test_something_else_than_a_pipeline_is_refused(flux_pipe):
         bcg_diffusion.pipeline_for_thread(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="FluxPipeline has no component tokeniser; its components: .*tokenizer"):
         bcg_diffusion.pipeline_for_thread(flux_pipe, tokeniser=None)
+
+
+def test_a_pipeline_that_offloads_is_refused(flux_pipe, monkeypatch):
+    monkeypatch.setattr(flux_pipe, "_all_hooks", [object()], raising=False)
+    with pytest.raises(ValueError, match="model CPU offload enabled.*pipe.remove_all_hooks"):
+        bcg_diffusion.pipeline_for_thread(flux_pipe)
