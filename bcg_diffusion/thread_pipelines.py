@@ -43,8 +43,8 @@ def pipeline_for_thread(pipe: Any, **components: Any) -> Any:
     if not hasattr(type(pipe), "from_pipe") or not isinstance(getattr(pipe, "components", None), dict):
         raise TypeError(f"pipeline_for_thread takes a diffusers pipeline (with from_pipe), got {type(pipe).__name__}")
     if getattr(pipe, "_all_hooks", None):
-        raise ValueError(f"{type(pipe).__name__} has model CPU offload enabled: its hooks move the shared models between "
-                         "the CPU and the GPU for each call, and two threads would move them under each other. Call "
+        raise ValueError(f"{type(pipe).__name__} has model CPU offload enabled: its hooks move the shared models "
+                         "between the CPU and the GPU for each call, and two threads would move them under each other. Call "
                          "pipe.remove_all_hooks() and keep the models on the GPU (pipe.to('cuda')) first")
     unknown = sorted(set(components) - set(pipe.components))
     if unknown:

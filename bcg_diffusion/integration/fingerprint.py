@@ -253,7 +253,8 @@ def describe_adapters(fingerprint: Any) -> str:
     parts = []
     for name in sorted(seen)[:3]:
         scales = sorted(f"{v:g}" for v in seen[name] if isinstance(v, (int, float)))
-        parts.append(f"{name} (scaling {', '.join(scales[:3])}{', ...' if len(scales) > 3 else ''})" if scales else name)
+        shown = ", ".join(scales[:3]) + (", ..." if len(scales) > 3 else "")
+        parts.append(f"{name} (scaling {shown})" if scales else name)
     more = f" and {len(seen) - 3} more" if len(seen) > 3 else ""
     return "adapters " + ", ".join(parts) + more
 
