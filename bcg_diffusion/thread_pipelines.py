@@ -44,8 +44,8 @@ def pipeline_for_thread(pipe: Any, **components: Any) -> Any:
         raise TypeError(f"pipeline_for_thread takes a diffusers pipeline (with from_pipe), got {type(pipe).__name__}")
     if getattr(pipe, "_all_hooks", None):
         raise ValueError(f"{type(pipe).__name__} has model CPU offload enabled: its hooks move the shared models "
-                         "between the CPU and the GPU for each call, and two threads would move them under each other. Call "
-                         "pipe.remove_all_hooks() and keep the models on the GPU (pipe.to('cuda')) first")
+                         "between the CPU and the GPU for each call, and two threads would move them under each "
+                         "other. Call pipe.remove_all_hooks() and keep the models on the GPU (pipe.to('cuda')) first")
     unknown = sorted(set(components) - set(pipe.components))
     if unknown:
         raise TypeError(f"{type(pipe).__name__} has no component {', '.join(unknown)}; its components: "
