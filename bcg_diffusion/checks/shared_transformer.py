@@ -10,6 +10,9 @@ its own stream, and records for every generation: its thread, round and seed, wh
 reference of its seed bitwise, and the runner events (planned path, capture, eager run, failures) of both threads
 while it ran (``bcg_diffusion.watch_every_runner``). A mismatch then comes with the events around it.
 
+Found with it on the CPU, where acceleration is a no-op: the two pipelines shared their fast tokenizers, which race
+(:mod:`bcg_diffusion.thread_pipelines`); the second pipeline is now made by ``pipeline_for_thread``, as the test's.
+
 The tiny Flux pipeline of ``bcg_pipelines`` with true CFG (two transformer calls per step), latents out. Without
 CUDA acceleration is a no-op, so a CPU run checks the plumbing only. Reports ``shared_transformer.json`` and
 ``.md`` in ``--out``; the exit status is 1 when a result differed.
