@@ -11,7 +11,12 @@ pipelines, and once Ray's HTTP proxy answers ``/health`` through a replica the c
 application is deleted first, so the proxy stays up while the replicas finish the requests they hold (Ray's
 graceful shutdown, up to :data:`~.ray_app.GRACEFUL_SHUTDOWN_S`), then Serve and Ray are shut down, and any process
 this command started that is still alive (Ray's agents outlive its head) is ended: no process outlives the command.
-A second signal skips the drain.
+A second signal skips the drain. The signal handler only records the stop (:class:`StopSignals`); the main thread
+acts on it between Ray's calls, at its own waits. An exception raised by the handler inside Ray's calls (as this
+command did until 2026-12-07) could stop Serve's start half-way: under load, a SIGINT 4 to 10 s after the start
+ended in 101 s with exit code 1, in a segmentation fault, or in a ``SystemError`` out of Ray's ``get_objects``.
+The application is deployed without waiting (``serve.run_many``) and its status polled here, so that the wait for
+the replicas to build is one of those waits.
 
 **Loopback.** With a loopback ``--host`` (the default), Ray's own servers listen on 127.0.0.1 too: its node address
 is set to the loopback one (Ray's ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read where ``ray`` is imported, makes Ray
@@ -31,7 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from bcg_diffusion.toolkit.options import Failure
 
@@ -57,6 +62,10 @@ SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 #: Seconds to wait for Ray's proxy to route ``/health`` to a replica once the application runs.
 PROXY_READY_S = 60.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Seconds Serve's controller gives its proxy to answer a readiness check (Ray's default 5; after 3 failed checks it
+#: kills the proxy, and ``serve.start`` fails with ``ActorDiedError``). On a machine whose cores are busy (2 cores
+#: and two other busy processes, 2026-12-07) the proxy missed 5 s three times and the command never started.
+PROXY_READY_CHECK_S = 30.0
 
 
 class Stopped(BaseException):
@@ -75,11 +84,13 @@ def missing_ray() -> str | None:
 def ray_environment(host: str) -> None:
     """The environment Ray reads when it is imported, set where the user has not: this node's address on loopback
     when ``host`` is (see the module's docstring), every replica's output line shown (no deduplication: each
-    replica's build, warm-up and request lines), no colour codes."""
+    replica's build, warm-up and request lines), no colour codes, and :data:`PROXY_READY_CHECK_S` for the readiness
+    check of Serve's proxy."""
     if is_loopback(host):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_CHECK_S))
 
 
 def local_ray_options(options: ReplicaOptions) -> dict[str, Any]:
@@ -107,9 +118,9 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def wait_for_proxy(url: str, timeout_s: float = PROXY_READY_S) -> None:
+def wait_for_proxy(url: str, signals: "StopSignals", timeout_s: float = PROXY_READY_S) -> None:
     """Until ``GET url/health`` answers 200 through Ray's proxy (its routes reach a replica); ``Failure`` after
-    ``timeout_s``."""
+    ``timeout_s``; :class:`Stopped` when a stop signal came."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # straight to 127.0.0.1
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -121,30 +132,65 @@ def wait_for_proxy(url: str, timeout_s: float = PROXY_READY_S) -> None:
                 last = f"HTTP {response.status}"
         except (urllib.error.URLError, OSError) as exc:
             last = str(exc)
-        time.sleep(0.25)
+        signals.sleep(0.25)
     raise Failure(1, f"error: Ray's proxy at {url} did not route /health to a replica within {timeout_s:.0f} s "
                   f"({last})")
 
 
-def _raise_stopped(signum, _frame) -> None:
-    raise Stopped(signal.Signals(signum).name)
+def wait_until_running(name: str, signals: "StopSignals") -> None:
+    """Until Serve reports the application ``name`` running (its replicas built and warmed; as long as that takes);
+    ``Failure`` when its deployment failed; :class:`Stopped` when a stop signal came."""
+    from ray import serve
+
+    while True:
+        app = serve.status().applications.get(name)
+        state = str(getattr(app, "status", "NOT_STARTED"))
+        if state.endswith("RUNNING"):
+            return
+        if state.endswith("DEPLOY_FAILED"):
+            raise Failure(1, f"error: the replicas did not start: {getattr(app, 'message', '') or state}")
+        signals.sleep(0.5)
 
 
-@contextlib.contextmanager
-def stopping_on_signals() -> Iterator[Callable[[], None]]:
-    """SIGINT and SIGTERM raise :class:`Stopped` in the main thread while the block runs (the previous handlers come
-    back after it); yields a function that puts this handler back (Ray's ``init`` installs its own)."""
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+class StopSignals:
+    """SIGINT and SIGTERM while the block runs (the previous handlers come back after it). The first one only records
+    the stop (``requested``, the signal's name in ``name``): the main thread raises :class:`Stopped` at its next
+    :meth:`check` or :meth:`sleep`, never inside a call into Ray, so a stop during the start waits for Ray's call in
+    progress (``ray.init``, ``serve.start``: seconds, at most Ray's own 60 s for its proxy). A second signal raises
+    :class:`Stopped` at once, wherever the main thread is: the user insists (during the stop it skips the drain,
+    whose waits run in helper threads)."""
 
-    def install() -> None:
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.name: str | None = None
+        self._previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def _handle(self, signum, _frame) -> None:
+        if self.requested.is_set():
+            raise Stopped(signal.Signals(signum).name)
+        self.name = self.name or signal.Signals(signum).name
+        self.requested.set()
+
+    def install(self) -> None:
+        """Put this handler in place (again: Ray's ``init`` installs its own for SIGTERM)."""
         for s in STOP_SIGNALS:
-            signal.signal(s, _raise_stopped)
+            signal.signal(s, self._handle)
 
-    install()
-    try:
-        yield install
-    finally:
-        for s, handler in previous.items():
+    def check(self) -> None:
+        if self.requested.is_set():
+            raise Stopped(self.name)
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep``, cut short by a stop signal (then :class:`Stopped`)."""
+        if self.requested.wait(seconds):
+            raise Stopped(self.name)
+
+    def __enter__(self) -> "StopSignals":
+        self.install()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for s, handler in self._previous.items():
             signal.signal(s, handler)
 
 
@@ -175,9 +221,9 @@ def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, opti
               f"{options.replicas} .. {options.max_replicas} (autoscaled)")
     print(f"starting Ray Serve on this machine: {counts} replica(s) of {args.model}, each building and warming its "
           "own pipeline ...", flush=True)
-    with stopping_on_signals() as reinstall:
+    with StopSignals() as signals:
         try:
-            serve_until_stopped(args, options, port, announce, reinstall)
+            serve_until_stopped(args, options, port, announce, signals)
         except (Stopped, SystemExit) as stop:  # SystemExit: Ray's own SIGTERM handler, while ray.init runs
             print(f"{stop or 'SIGTERM'}: stopping the replicas and Ray ...", flush=True)
         finally:
@@ -185,8 +231,10 @@ def run_replicas(args: argparse.Namespace, parser: argparse.ArgumentParser, opti
     return 0
 
 
-def serve_until_stopped(args: argparse.Namespace, options: ReplicaOptions, port: int, announce, reinstall) -> None:
-    """Start Ray, Serve and the replicas, wait for the proxy, announce, and wait for :class:`Stopped`."""
+def serve_until_stopped(args: argparse.Namespace, options: ReplicaOptions, port: int, announce,
+                        signals: StopSignals) -> None:
+    """Start Ray, Serve and the replicas, wait for the proxy, announce, and wait for :class:`Stopped` (a signal is
+    acted on between Ray's calls: :class:`StopSignals`)."""
     import ray
     from ray import serve
 
@@ -194,18 +242,26 @@ def serve_until_stopped(args: argparse.Namespace, options: ReplicaOptions, port:
 
     t0 = time.perf_counter()
     ray.init(**local_ray_options(options))
-    reinstall()  # ray.init put its own SIGTERM handler in place of ours
-    serve.start(http_options={"host": args.host, "port": port}, logging_config=SERVE_LOGGING)
+    signals.install()  # ray.init put its own SIGTERM handler in place of ours
+    signals.check()
     try:
-        serve.run(image_server_app(args, options), name=APP_NAME, route_prefix="/", logging_config=SERVE_LOGGING)
-    except Exception as exc:  # noqa: BLE001 - e.g. a replica's build or warm-up failed: Ray's message
+        serve.start(http_options={"host": args.host, "port": port}, logging_config=SERVE_LOGGING)
+    except Exception as exc:  # noqa: BLE001 - e.g. its proxy did not start: Ray's message
+        raise Failure(1, f"error: Ray Serve did not start: {type(exc).__name__}: {exc}") from exc
+    signals.check()
+    try:
+        serve.run_many([serve.RunTarget(image_server_app(args, options), name=APP_NAME, route_prefix="/",
+                                        logging_config=SERVE_LOGGING)],
+                       wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    except Exception as exc:  # noqa: BLE001 - Ray's message
         raise Failure(1, f"error: the replicas did not start: {type(exc).__name__}: {exc}") from exc
+    wait_until_running(APP_NAME, signals)
     url = _url(args.host, port)
-    wait_for_proxy(url)
+    wait_for_proxy(url, signals)
     print(f"replicas ready in {time.perf_counter() - t0:.1f} s", flush=True)
     announce(url)
     while True:
-        time.sleep(3600)
+        signals.sleep(3600)
 
 
 def _bounded(name: str, work: Callable[[], Any], timeout_s: float) -> None:
