@@ -257,4 +257,3 @@ def describe_adapters(fingerprint: Any) -> str:
         parts.append(f"{name} (scaling {shown})" if scales else name)
     more = f" and {len(seen) - 3} more" if len(seen) > 3 else ""
     return "adapters " + ", ".join(parts) + more
-
