@@ -32,6 +32,14 @@ def failing_call(refs: list):
     raise RuntimeError("the call failed")
 
 
+def failing_call_that_read_its_locals(refs: list):
+    """As a diffusers pipeline does for its step callback (``callback_kwargs[k] = locals()[k]``)."""
+    held = Held()
+    refs.append(weakref.ref(held))
+    assert locals()["held"] is held
+    raise RuntimeError("the call failed after reading its locals")
+
+
 def caught(fn) -> BaseException:
     try:
         fn()
@@ -69,3 +77,11 @@ def test_the_worker_hands_a_failure_to_its_request_without_the_calls_locals(coll
         assert refs[0]() is None  # freed while the request still holds the error
     finally:
         worker.stop()
+
+
+def test_a_call_that_read_its_locals_leaves_no_snapshot_holding_them(collector_off):
+    refs: list = []
+    error = caught(lambda: failing_call_that_read_its_locals(refs))
+    assert refs[0]() is not None
+    without_frame_locals(error)
+    assert refs[0]() is None  # the frame's ``locals()`` snapshot emptied too (kept by the frame before Python 3.13)

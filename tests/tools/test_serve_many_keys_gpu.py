@@ -13,7 +13,9 @@ pytestmark = pytest.mark.gpu
 
 from bcg_diffusion.serving.load.spawn import spawned_servers  # noqa: E402
 
-WARMED = ("64x64", "80x64", "96x64", "64x80", "64x96")
+# Five sizes of five token counts (16, 20, 24, 25, 36 latent patches): Flux keys a transposed size (80x64, 64x80)
+# alike, its image ids being an input of the same shape.
+WARMED = ("64x64", "80x64", "96x64", "80x80", "96x96")
 MAX_N = 2
 STEPS = 2
 ARGS = f"--model flux --device cuda --steps {STEPS} --max-n {MAX_N} --warmup {','.join(WARMED)} --bcg"
