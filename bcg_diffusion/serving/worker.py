@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from bcg_diffusion.toolkit.failed_calls import without_frame_locals
+from bcg_diffusion.toolkit.failed_calls import without_traceback
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ __all__ = ["PipelineWorker", "ServerCounters", "request_grad_mode"]
 class PipelineWorker:
     """One daemon thread that runs submitted callables one at a time, in submission order.
 
-    ``submit(fn)`` returns a :class:`concurrent.futures.Future` with ``fn()``'s result or exception;
+    ``submit(fn)`` returns a :class:`concurrent.futures.Future` with ``fn()``'s result or exception (without its
+    traceback, kept as a note: :mod:`bcg_diffusion.toolkit.failed_calls`);
     ``waiting`` counts submitted callables not started yet, ``running`` is 1 while one runs.
     """
 
@@ -80,7 +81,7 @@ class PipelineWorker:
                     try:
                         future.set_result(fn())
                     except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
-                        future.set_exception(without_frame_locals(exc))  # the failed call's tensors go now
+                        future.set_exception(without_traceback(exc))  # the failed call's frames go with this block
             finally:
                 with self._lock:
                     self._running = 0

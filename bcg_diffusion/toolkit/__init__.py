@@ -18,7 +18,7 @@ one job per module, importing no command.
 - :mod:`.name_lists`: ``name_list``, the type of every comma-separated name option (``--families``,
   ``--scenarios``).
 - :mod:`.model_limits`: the largest side and the fewest steps a model takes, read from its configs.
-- :mod:`.failed_calls`: a failed call's error handed on without its frames' local variables (the call's tensors).
+- :mod:`.failed_calls`: a failed call's error handed on without its traceback (whose frames hold the call's tensors).
 - :mod:`.listening`: what the library says while a case runs (runner events, warnings, problems), for the
   zoo probe and the planting harness.
 - :mod:`.provenance`: the commit a result was made at (``BENCH_GIT_COMMIT`` where set, else git's), for the

@@ -1,32 +1,36 @@
 """A failed call's error, handed on without the call's tensors.
 
-An exception keeps its traceback, and the traceback keeps every frame it passed through with their local variables:
-a failed pipeline call's latents, text embeddings and activations, on the GPU. Where the error is handed to a
-waiting request (a future), the frames often end in a reference cycle (an asyncio task's frame holds the future
-that holds the error), which only the cyclic garbage collector frees, at a time of its choosing: a long-lived
-server then holds a failed call's memory for a while after every failure (the server soak saw 100 MiB more
-allocated at an idle checkpoint after injected failures). :func:`without_frame_locals` clears the local variables
-of the frames that have finished, so that memory is freed as soon as the call's own references go; the traceback
-still says where the error came from (file, line, function), and whoever logs it with its locals does so before.
+An exception keeps its traceback, the traceback keeps every frame it passed through with their local variables (a
+failed pipeline call's latents, text embeddings and activations, on the GPU), and each of those frames keeps its
+caller (``f_back``), up to the frames that caught the error and hand it to a waiting request (a future). Those
+frames hold the request, which holds the error: a reference cycle, which only the cyclic garbage collector frees, at
+a time of its choosing. A long-lived server then holds a failed call's memory for a while after a failure: the
+server soaks saw 73-104 MiB more allocated at an idle checkpoint right after an injected failure (2026-12-07 13:26
+and 15:42, 2026-12-08 01:07).
 
-``frame.clear()`` alone is not enough before Python 3.13: a function that called ``locals()`` (every diffusers
-pipeline does, to build its step callback's ``callback_kwargs``) keeps a snapshot dict of its locals on its frame,
-which ``clear()`` leaves; the snapshot is emptied too. Found by the server soak of 2026-12-08 (73 MiB more allocated
-at an idle checkpoint right after an injected failure) and reproduced on the CPU: with the snapshot left, a failed
-call's text embeddings and latents waited in reference cycles for the cyclic collector.
+:func:`without_traceback` is what a waiting request gets: the error without its traceback (nor those of the
+exceptions it was raised from or during), where it came from kept as text in a note, which a log of the error with
+``exc_info`` shows. Clearing the frames' locals is not enough: before Python 3.13 a function that called
+``locals()`` (every diffusers pipeline does, for its step callback's ``callback_kwargs``) keeps that snapshot dict
+on its frame, which ``frame.clear()`` leaves, and the frames still running when the error is handed on (the step
+scheduler's) cannot be cleared and later finish with their locals. So the traceback goes, and with it every frame.
+Whoever logs the error with its traceback object does so before handing it on.
 """
 
 from __future__ import annotations
 
-import sys
-from types import TracebackType
+import traceback
 
-__all__ = ["without_frame_locals"]
+__all__ = ["without_traceback"]
+
+#: The note that keeps where a handed-on error came from.
+TRACEBACK_NOTE = "Traceback of the failed call (frames released when it was handed on):\n"
 
 
-def without_frame_locals(exc: BaseException) -> BaseException:
-    """``exc``, with the local variables of its traceback's finished frames cleared, and those of the exceptions it
-    was raised from or during (``__cause__``, ``__context__``). Frames still running (the caller's) are left alone."""
+def without_traceback(exc: BaseException) -> BaseException:
+    """``exc``, with ``__traceback__`` dropped from it and from the exceptions it was raised from or during
+    (``__cause__``, ``__context__``), each traceback kept as text in a note (``__notes__``) first; the same object.
+    Its frames are released when the caller's references to them go (the end of its ``except`` block)."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -34,23 +38,8 @@ def without_frame_locals(exc: BaseException) -> BaseException:
         if error is None or id(error) in seen:
             continue
         seen.add(id(error))
-        _clear_finished_frames(error.__traceback__)
+        if error.__traceback__ is not None:
+            error.add_note(TRACEBACK_NOTE + "".join(traceback.format_tb(error.__traceback__)).rstrip())
+            error.__traceback__ = None
         pending.extend((error.__cause__, error.__context__))
     return exc
-
-
-def _clear_finished_frames(tb: TracebackType | None) -> None:
-    """Clear the local variables of ``tb``'s frames that have finished, and their ``locals()`` snapshots (before
-    Python 3.13 a frame keeps the dict that ``locals()`` returned; from 3.13 ``locals()`` returns a fresh dict and
-    ``f_locals`` a view of the frame, which ``clear()`` empties)."""
-    while tb is not None:
-        frame = tb.tb_frame
-        snapshot = frame.f_locals if sys.version_info < (3, 13) else None
-        try:
-            frame.clear()
-        except RuntimeError:  # still running: the caller's frame, left alone
-            pass
-        else:
-            if isinstance(snapshot, dict):
-                snapshot.clear()
-        tb = tb.tb_next

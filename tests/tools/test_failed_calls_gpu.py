@@ -1,7 +1,7 @@
 """On the GPU: a failed pipeline call's memory is given back when its error is handed on, while the error is still held
 (a waiting request holds it), without the cyclic collector. The server soaks of 2026-12-07 13:26 and 15:42 and
 2026-12-08 01:07 saw 73-104 MiB more allocated at an idle checkpoint right after an injected failure: the failed
-call's ``locals()`` snapshot (bcg_diffusion.toolkit.failed_calls)."""
+call's frames, through its error's traceback (bcg_diffusion.toolkit.failed_calls)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import gc
 import pytest
 import torch
 
-from bcg_diffusion.toolkit.failed_calls import without_frame_locals
+from bcg_diffusion.toolkit.failed_calls import without_traceback
 
 pytestmark = pytest.mark.gpu
 
@@ -37,14 +37,14 @@ def test_a_failed_calls_memory_is_back_once_its_error_is_handed_on():
     import bcg_pipelines
 
     pipe = bcg_pipelines.build_pipeline("sana", "tiny", device="cuda", dtype=torch.bfloat16)
-    without_frame_locals(failing_call(pipe))  # the first call's lasting allocations (workspaces, scheduler state)
+    without_traceback(failing_call(pipe))  # the first call's lasting allocations (workspaces, scheduler state)
     gc.collect()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     was = gc.isenabled()
     gc.disable()
     try:
-        error = without_frame_locals(failing_call(pipe))
+        error = without_traceback(failing_call(pipe))
         torch.cuda.synchronize()
         after = torch.cuda.memory_allocated()
     finally:

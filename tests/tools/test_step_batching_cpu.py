@@ -257,6 +257,40 @@ def test_a_failed_step_hands_its_error_on_without_the_steps_locals(pipes, monkey
             gc.enable()
 
 
+
+def test_a_request_failed_at_a_step_boundary_leaves_nothing_to_the_cyclic_collector(pipes):
+    """A request that fails in its step callback, as the server's injected faults do: once its error is read and
+    its ticket dropped, none of its tensors (text embeddings, latents, its scheduler's state) waits in a reference
+    cycle. Its error is handed on without its traceback, whose frames lead (``f_back``) to the scheduler's own,
+    which hold the ticket that holds the error (bcg_diffusion.toolkit.failed_calls)."""
+    import gc
+
+    pipe = pipes["flux"]
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
+
+    def fail_after(steps):
+        raise RuntimeError("injected at the boundary")
+
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        ticket = scheduler.submit(StepRequest(call(pipe, "flux", "a boat", steps=2), seed=2, on_step=fail_after))
+        scheduler.run_until_idle()
+        error = ticket.future.exception(timeout=0)
+        assert str(error) == "injected at the boundary" and error.__traceback__ is None
+        assert "in fail_after" in "".join(getattr(error, "__notes__", []))  # where it failed, as text
+        del ticket, error
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [tuple(o.shape) for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert left == [], f"tensors of the failed request in reference cycles: {left}"
+
 def test_idle_batches_beyond_the_limit_are_dropped_and_made_again(pipes, monkeypatch):
     from bcg_diffusion.serving.batching.stepping import scheduler as scheduler_module
 

@@ -20,10 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 from bcg_diffusion.toolkit.sizes import Size
 
 from ..calls import GenerationResult
-from ..faults import fault_for
+from ..faults import InjectedFailure, fault_for
 from ..requests import GenerationJob, RequestPlanner
 from ..runner import CallRunner, to_pil_images
 from ..startup_warmup import WARMUP_STEPS
@@ -32,6 +34,9 @@ from .request_batching import BatchShapes
 from .stepping import StepConfig, StepRequest, StepScheduler
 
 logger = logging.getLogger(__name__)
+
+#: Failures logged without their traceback: injected by tests, or out of memory (the message says it all).
+EXPECTED_FAILURES = (InjectedFailure, torch.OutOfMemoryError)
 
 __all__ = ["StepBatcher", "StepWarmupReport"]
 
@@ -196,7 +201,7 @@ class StepBatcher:
             if counted:
                 self.runner.counters.add("pipeline_failures")
             logger.error("step-batched request failed (%s, %d steps, seed %d): %s: %s", job.size, job.steps, job.seed,
-                         type(exc).__name__, exc)
+                         type(exc).__name__, exc, exc_info=None if isinstance(exc, EXPECTED_FAILURES) else exc)
             answer.set_exception(exc)
             return
         result = done.result()  # its clock is perf_counter, as the application's

@@ -35,7 +35,7 @@ from typing import Any, Callable, Hashable, Mapping
 
 import torch
 
-from bcg_diffusion.toolkit.failed_calls import without_frame_locals
+from bcg_diffusion.toolkit.failed_calls import without_traceback
 
 from .config import StepConfig, StepError
 from .host_work import HostWork
@@ -398,10 +398,10 @@ class StepScheduler:
 
     def _fail(self, tickets: list[StepTicket], exc: BaseException, batch: RunningBatch | None = None) -> None:
         """Fail ``tickets`` with ``exc`` (out of memory: a fresh :class:`torch.OutOfMemoryError`, and the cache is
-        emptied after the boundary; otherwise ``exc`` without its finished frames' locals, the failed step's tensors),
-        freeing their slots in ``batch``."""
+        emptied after the boundary; otherwise ``exc`` without its traceback, whose frames hold the failed step's
+        tensors and this scheduler's own), freeing their slots in ``batch``."""
         oom = isinstance(exc, torch.OutOfMemoryError)
-        error = torch.OutOfMemoryError(str(exc)) if oom else without_frame_locals(exc)
+        error = torch.OutOfMemoryError(str(exc)) if oom else without_traceback(exc)
         self._release = self._release or oom
         for ticket in tickets:
             if batch is not None and ticket.state == "running" and ticket.slots:
