@@ -39,7 +39,16 @@ def without_traceback(exc: BaseException) -> BaseException:
             continue
         seen.add(id(error))
         if error.__traceback__ is not None:
-            error.add_note(TRACEBACK_NOTE + "".join(traceback.format_tb(error.__traceback__)).rstrip())
+            _add_note(error, TRACEBACK_NOTE + "".join(traceback.format_tb(error.__traceback__)).rstrip())
             error.__traceback__ = None
         pending.extend((error.__cause__, error.__context__))
     return exc
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (Python 3.11+: a log with ``exc_info`` shows it); on 3.10 the same ``__notes__`` list,
+    which only readers of the attribute see."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]
