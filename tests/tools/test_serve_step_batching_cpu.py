@@ -96,6 +96,31 @@ def test_the_step_batcher_answers_each_request_as_alone_and_confines_a_failure(p
     assert len(snapshot["steps_per_key"]) == 2 and "3" in snapshot["active_rows_per_step"]  # both sizes, a full step
 
 
+
+def test_an_unexpected_failure_is_logged_with_where_it_came_from(planner, batcher, caplog):
+    """A failure that is not injected, nor out of memory, is logged with its traceback: a note, since the error is
+    handed on without the traceback object (bcg_diffusion.toolkit.failed_calls); an injected one without."""
+    from bcg_diffusion.serving.faults import install_fault_hook
+
+    def a_bug_at_the_boundary():
+        raise RuntimeError("a bug")
+
+    class Bug:
+        def fault(self, prompts):
+            return a_bug_at_the_boundary if "a bug" in prompts else None
+
+    remove = install_fault_hook(Bug())
+    try:
+        with caplog.at_level("ERROR", logger="bcg_diffusion.serving.batching.step_batching"):
+            with pytest.raises(RuntimeError, match="a bug"):
+                batcher.submit(job(planner, "a bug", 1)).result(timeout=TIMEOUT_S)
+            with pytest.raises(InjectedFailure):
+                batcher.submit(job(planner, "boom", 2)).result(timeout=TIMEOUT_S)
+    finally:
+        remove()
+    bug, boom = (next(r for r in caplog.records if word in r.getMessage()) for word in ("a bug", "boom"))
+    assert bug.exc_info and "in a_bug_at_the_boundary" in caplog.text and not boom.exc_info
+
 def test_unbatched_work_runs_between_two_steps(planner, batcher):
     futures = [batcher.submit(job(planner, f"prompt {i}", i, steps=6)) for i in range(ROWS)]
     other = batcher.worker.submit(lambda: "unbatched call")

@@ -31,12 +31,13 @@ from ..runner import CallRunner, to_pil_images
 from ..startup_warmup import WARMUP_STEPS
 from ..worker import PipelineWorker, request_grad_mode
 from .request_batching import BatchShapes
-from .stepping import StepConfig, StepRequest, StepScheduler
+from .stepping import StepConfig, StepError, StepRequest, StepScheduler
 
 logger = logging.getLogger(__name__)
 
-#: Failures logged without their traceback: injected by tests, or out of memory (the message says it all).
-EXPECTED_FAILURES = (InjectedFailure, torch.OutOfMemoryError)
+#: Failures logged without their traceback (the message says it all): injected by tests, out of memory, a call the
+#: step scheduler refuses or a scheduler closed.
+EXPECTED_FAILURES = (InjectedFailure, torch.OutOfMemoryError, StepError)
 
 __all__ = ["StepBatcher", "StepWarmupReport"]
 
