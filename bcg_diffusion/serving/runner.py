@@ -32,10 +32,13 @@ from .worker import ServerCounters, request_grad_mode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PER_SHAPE_KEYS", "CallRunner", "stats_dict", "to_pil_images"]
+__all__ = ["PER_SHAPE_KEYS", "QUIET_FAILURES", "CallRunner", "stats_dict", "to_pil_images"]
 
 #: Keys of a call that the library's warm-up sets per shape (or leaves to its own default).
 PER_SHAPE_KEYS = ("height", "width", "num_inference_steps")
+
+#: Failures of a call logged without their traceback (the message says it all): injected by tests, or out of memory.
+QUIET_FAILURES = (InjectedFailure, torch.OutOfMemoryError)
 
 
 def to_pil_images(generated) -> list[Image.Image]:
@@ -108,7 +111,7 @@ class CallRunner:
         except BaseException as exc:
             self.counters.add("pipeline_failures")
             logger.error("pipeline call failed (%s): %s: %s", call.what, type(exc).__name__, exc,
-                         exc_info=not isinstance(exc, (InjectedFailure, torch.OutOfMemoryError)))
+                         exc_info=not isinstance(exc, QUIET_FAILURES))
             if not isinstance(exc, torch.OutOfMemoryError):
                 raise
             message = str(exc)

@@ -9,13 +9,12 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
+from _pipes import build
 
 
 @pytest.fixture(scope="module")
 def flux_pipe():
-    pipe = pipelines.build_pipeline("flux", size="tiny", device="cpu", dtype=torch.bfloat16, seed=0)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return build("flux", dtype=torch.bfloat16, device="cpu")  # progress bars off, as every built pipeline
 
 
 def test_the_models_are_shared_and_everything_else_is_copied(flux_pipe):

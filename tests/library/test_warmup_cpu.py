@@ -10,14 +10,12 @@ import torch
 
 import bcg_diffusion
 import bcg_pipelines as pipelines
-from _pipes import call_kwargs, with_cache
+from _pipes import build, call_kwargs, with_cache
 
 
 @pytest.fixture(scope="module")
 def pixart():
-    pipe = pipelines.build_pipeline("pixart", size="tiny", device="cpu", dtype=torch.float32, seed=0)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return build("pixart", device="cpu")  # float32, progress bars off
 
 
 def _shape(family):

@@ -20,14 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from bcg_diffusion.toolkit.sizes import Size
 
 from ..calls import GenerationResult
-from ..faults import InjectedFailure, fault_for
+from ..faults import fault_for
 from ..requests import GenerationJob, RequestPlanner
-from ..runner import CallRunner, to_pil_images
+from ..runner import QUIET_FAILURES, CallRunner, to_pil_images
 from ..startup_warmup import WARMUP_STEPS
 from ..worker import PipelineWorker, request_grad_mode
 from .request_batching import BatchShapes
@@ -35,9 +33,9 @@ from .stepping import StepConfig, StepError, StepRequest, StepScheduler
 
 logger = logging.getLogger(__name__)
 
-#: Failures logged without their traceback (the message says it all): injected by tests, out of memory, a call the
-#: step scheduler refuses or a scheduler closed.
-EXPECTED_FAILURES = (InjectedFailure, torch.OutOfMemoryError, StepError)
+#: Failures logged without their traceback: the runner's quiet ones, a call the step scheduler refuses or a scheduler
+#: closed.
+EXPECTED_FAILURES = (*QUIET_FAILURES, StepError)
 
 __all__ = ["StepBatcher", "StepWarmupReport"]
 
