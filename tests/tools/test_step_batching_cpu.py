@@ -158,6 +158,8 @@ def test_requests_join_at_step_boundaries_leave_when_done_and_the_loop_idles(pip
     assert snapshot["active_rows_per_step"] == {"1": 2, "2": 2}
     assert snapshot["occupancy"] == pytest.approx(6 / (4 * ROWS), abs=1e-4)
     assert snapshot["requests"]["finished"] == 2 and snapshot["queue_wait_s"]["count"] == 2
+    assert snapshot["step_launch_s"]["count"] == 4 and snapshot["step_launch_s"]["max"] <= snapshot["step_s"]["max"]
+    assert snapshot["predict_device_s"]["count"] == 0  # no device events off CUDA
 
 
 @pytest.mark.parametrize("policy, expected", [("round_robin", ["a", "b", "a", "b", "b"]),
@@ -323,6 +325,47 @@ def test_the_host_runs_at_most_one_step_ahead_of_the_device():
         pacer.queued()
     assert waited == [0, 1, 2]
     DevicePacer(torch.device("cpu")).queued()  # no device to wait for: nothing recorded
+
+
+def test_the_step_clock_reads_device_spans_once_the_device_has_passed_them():
+    """Host time from the first mark to the last; a step's device spans only once its last event has run, oldest
+    step first, never waited for (the events are faked here: milliseconds on a device timeline)."""
+    from bcg_diffusion.serving.batching.stepping.step_clock import DeviceSpans, StepClock
+
+    class Event:
+        def __init__(self, at_ms):
+            self.at_ms, self.passed = at_ms, False
+
+        def query(self):
+            return self.passed
+
+        def elapsed_time(self, later):
+            return later.at_ms - self.at_ms
+
+    host = iter([0.0, 0.010, 0.011, 1.0, 1.020, 1.022, 2.0, 2.001, 2.002])
+    device_ms = iter([0.0, 5.0, 20.0, 20.0, 45.0, 50.0, 50.0, 51.0, 52.0])
+    made: list[Event] = []
+    clock = StepClock(torch.device("cpu"), clock=lambda: next(host),
+                      make_event=lambda: made.append(Event(next(device_ms))) or made[-1])
+
+    def step():
+        marks = clock.begin()
+        clock.mark(marks)
+        clock.mark(marks)
+        return marks
+
+    launch_s, spans = clock.end(step())
+    assert launch_s == pytest.approx(0.011) and spans == []  # the device has not passed the step yet
+    second = step()
+    for event in made[:3]:
+        event.passed = True
+    launch_s, spans = clock.end(second)
+    assert launch_s == pytest.approx(0.022) and spans == [DeviceSpans(0.005, 0.015)]  # the first step only
+    third = step()
+    for event in made[3:]:
+        event.passed = True
+    assert clock.end(third)[1] == [DeviceSpans(0.025, 0.005), DeviceSpans(0.001, 0.001)]
+    assert StepClock(torch.device("cpu")).end(StepClock(torch.device("cpu")).begin())[1] == []  # off CUDA: none
 
 
 # -------------------------------------------------------------------------------------------------------

@@ -148,3 +148,8 @@ def test_a_bcg_step_server_equals_alone_and_eager_and_captures_nothing_after_war
     steps = after["batching"]["steps"] - warmed["batching"]["steps"]
     assert after["bcg"]["hits"] - warmed["bcg"]["hits"] == steps  # one transformer call per step, all replayed
     assert max(int(k) for k in loaded["batching"]["active_rows_per_step"]) > 1  # requests shared steps
+    # where the steps' time went: the device's spans of every step but the last one or two (read once passed)
+    device = after["batching"]["predict_device_s"]
+    assert after["batching"]["steps"] - 2 <= device["count"] <= after["batching"]["steps"], after["batching"]
+    assert device["mean"] > 0 and after["batching"]["advance_device_s"]["mean"] > 0
+    assert after["batching"]["step_launch_s"]["count"] == after["batching"]["steps"]

@@ -109,17 +109,19 @@ def test_the_budget_skips_what_no_longer_fits_and_shortens_the_open_loop_run(mon
     assert offered == [(10.0, 25.0 - 2 * step_bench.DRAIN_S)]
 
 
-def test_the_report_names_rows_occupancy_wait_and_step_time():
+def test_the_report_names_rows_occupancy_wait_and_step_time_and_its_parts():
     timing = {"mean": 0.015}
     step = {"ok": 8, "requests": 8, "throughput_rps": 15.8, "throughput_steady_rps": 16.25, "latency_s": {"p50": 0.47, "p99": 0.5},
             "batching": {"max_batch": 4, "occupancy": 0.9, "mean_rows_per_step": 3.6, "step_s": timing,
-                         "wait_s": {"mean": 0.04}, "prepare_s": {"mean": 0.02}, "finish_s": {"mean": 0.01}}}
+                         "wait_s": {"mean": 0.04}, "prepare_s": {"mean": 0.02}, "finish_s": {"mean": 0.01},
+                         "step_launch_s": {"mean": 0.004}, "predict_device_s": {"mean": 0.012},
+                         "advance_device_s": {"mean": 0.002}}}
     results = [{"scenario": "mixed-c8-r4", "rows": 4, "summaries": {"step": step}, "checks": [],
                 "ratio": {"throughput_ratio": 2.0, "p99_ratio": 0.5},
                 "request_ratio": {"throughput_ratio": 1.1, "p99_ratio": 0.9}},
                {"scenario": "poisson", "rate": 9.0, "duration_s": 60, "p99_over_alone": 1.5, "checks": []}]
     text = step_bench.markdown(results, parse(), {"total_s": 360, "used_s": 300})
-    assert "| mixed-c8-r4 | step | 4 | 8/8 | 15.80 | 16.25 | 0.470 | 0.500 | 0.90 | 3.60 | 15.0 | 40.0 | 20.0 | 10.0 |" in text
+    assert "| mixed-c8-r4 | step | 4 | 8/8 | 15.80 | 16.25 | 0.470 | 0.500 | 0.90 | 3.60 | 15.0 | 4.0 | 12.0 | 2.0 | 40.0 | 20.0 | 10.0 |" in text
     assert "(step server rows 4): throughput step/off 2.00x, p99 step/off 0.50x; request/off 1.10x, p99 0.90x" in text
     assert "p99 / a request alone 1.50x" in text and "request-batching server" not in text
     assert "and the request-batching server" in step_bench.markdown(results, parse("--with-request"), {})
@@ -129,3 +131,26 @@ def test_the_report_names_rows_occupancy_wait_and_step_time():
 def test_an_unknown_scenario_is_refused(capsys):
     assert step_bench.main(["--out-dir", "/tmp/unused", "--scenarios", "mixed-c99"]) == 2
     assert "argument --scenarios: unknown 'mixed-c99'; give one or more of mixed-c8," in capsys.readouterr().err
+
+
+def test_the_load_report_says_where_a_steps_time_went_where_the_server_measured_it():
+    """``/stats`` step timings during the load (end minus start), and the report's line: the device's split only
+    where there is one (CUDA), as on the GPU machine; none on the CPU."""
+    from bcg_diffusion.serving.load.report import _step_line, step_batching_during
+
+    def timing(count, total):
+        return {"count": count, "sum": total, "mean": None, "max": 0.03, "p50": None, "p99": None}
+
+    def stats(steps, device_steps):
+        return {"rows": 8, "policy": "round_robin", "steps": steps, "occupied_rows": 6 * steps,
+                "active_rows_per_step": {"6": steps}, "requests": {"finished": steps // 20},
+                "step_s": timing(steps, 0.020 * steps), "queue_wait_s": timing(1, 0.1),
+                "step_launch_s": timing(steps, 0.005 * steps),
+                "predict_device_s": timing(device_steps, 0.016 * device_steps),
+                "advance_device_s": timing(device_steps, 0.002 * device_steps)}
+
+    during = step_batching_during(stats(100, 99), stats(300, 299))
+    assert during["steps"] == 200 and during["predict_device_s"]["count"] == 200
+    line = _step_line("step", during)
+    assert "step mean 20.0 ms (host 5.0 ms to queue; device 16.0 ms model + 2.0 ms rows' scheduler steps)" in line
+    assert "device" not in _step_line("step", step_batching_during(stats(100, 0), stats(300, 0)))

@@ -109,11 +109,15 @@ def _timing_delta(end: dict[str, Any], start: dict[str, Any] | None) -> dict[str
             "p99_recent": end["p99"], "max_since_start": end["max"]}
 
 
+#: ``/stats`` timings of step batching besides the step and the wait, read where the server has them.
+STEP_PART_TIMINGS = ("prepare_s", "finish_s", "step_launch_s", "predict_device_s", "advance_device_s")
+
+
 def step_batching_during(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
     """What step batching did during the load (``/stats`` ``batching`` of ``--batching step``, end minus start):
-    steps, slot occupancy (occupied slots / slots over those steps), active rows per step, the time per step, the
-    wait from arrival to joining a running batch, the time to prepare and to finish a request, requests by
-    outcome."""
+    steps, slot occupancy (occupied slots / slots over those steps), active rows per step, the time per step (and
+    where it went: :data:`STEP_PART_TIMINGS`), the wait from arrival to joining a running batch, the time to prepare
+    and to finish a request, requests by outcome."""
     steps = end["steps"] - start.get("steps", 0)
     occupied = end["occupied_rows"] - start.get("occupied_rows", 0)
     requests = {k: v - (start.get("requests") or {}).get(k, 0) for k, v in end["requests"].items()}
@@ -123,7 +127,7 @@ def step_batching_during(start: dict[str, Any], end: dict[str, Any]) -> dict[str
             "active_rows_per_step": _histogram_delta(end["active_rows_per_step"], start.get("active_rows_per_step", {})),
             "step_s": _timing_delta(end["step_s"], start.get("step_s")),
             "wait_s": _timing_delta(end["queue_wait_s"], start.get("queue_wait_s")),
-            **{name: _timing_delta(end[name], start.get(name)) for name in ("prepare_s", "finish_s") if name in end},
+            **{name: _timing_delta(end[name], start.get(name)) for name in STEP_PART_TIMINGS if name in end},
             "requests": requests, "batches": steps, "batched_requests": requests.get("finished", 0),
             "mean_requests_per_batch": None}
 
@@ -323,12 +327,18 @@ def _batching_line(label: str, b: dict[str, Any]) -> str:
             f"{closed or '-'}{back}")
 
 
+def _mean_ms(timing: dict[str, Any] | None) -> str:
+    return _fmt(None if not timing or timing.get("mean") is None else 1000 * timing["mean"], ".1f")
+
+
 def _step_line(label: str, b: dict[str, Any]) -> str:
     hist = ", ".join(f"{k}: {v}" for k, v in b["active_rows_per_step"].items())
+    parts = ("" if not (b.get("predict_device_s") or {}).get("count") else
+             f" (host {_mean_ms(b.get('step_launch_s'))} ms to queue; device {_mean_ms(b['predict_device_s'])} ms "
+             f"model + {_mean_ms(b.get('advance_device_s'))} ms rows' scheduler steps)")
     return (f"  {label} step batching ({b['max_batch']} slots, {b['policy']}): {b['steps']} steps, occupancy "
-            f"{_fmt(b['occupancy'], '.2f')}, step mean {_fmt(None if b['step_s']['mean'] is None else 1000 * b['step_s']['mean'], '.1f')} ms, "
-            f"wait to join mean {_fmt(None if b['wait_s']['mean'] is None else 1000 * b['wait_s']['mean'], '.1f')} ms; "
-            f"active rows per step: {hist or 'none'}")
+            f"{_fmt(b['occupancy'], '.2f')}, step mean {_mean_ms(b['step_s'])} ms{parts}, "
+            f"wait to join mean {_mean_ms(b['wait_s'])} ms; active rows per step: {hist or 'none'}")
 
 
 def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None = None,

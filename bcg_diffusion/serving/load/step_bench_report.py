@@ -41,7 +41,8 @@ def _md_row(scenario: str, role: str, s: dict[str, Any]) -> str:
     return (f"| {scenario} | {role} | {b.get('max_batch', '-')} | {s['ok']}/{s['requests']} | "
             f"{_f(s['throughput_rps'], '.2f')} | {_f(s.get('throughput_steady_rps'), '.2f')} | {_f(lat['p50'])} | "
             f"{_f(lat['p99'])} | {_f(b.get('occupancy'), '.2f')} | "
-            f"{_f(b.get('mean_rows_per_step'), '.2f')} | {_ms(b.get('step_s'))} | {_ms(b.get('wait_s'))} | "
+            f"{_f(b.get('mean_rows_per_step'), '.2f')} | {_ms(b.get('step_s'))} | {_ms(b.get('step_launch_s'))} | "
+            f"{_ms(b.get('predict_device_s'))} | {_ms(b.get('advance_device_s'))} | {_ms(b.get('wait_s'))} | "
             f"{_ms(b.get('prepare_s'))} | {_ms(b.get('finish_s'))} |")
 
 
@@ -60,8 +61,9 @@ def _title(r: dict[str, Any]) -> str:
 
 def markdown(results: list[dict[str, Any]], args, budget: dict[str, Any]) -> str:
     """The table of every run (rows: the step server's slots per running batch; steady req/s: with every client
-    busy; occupancy, rows per step, step ms, wait to join, prepare and finish ms from its ``/stats``), then each
-    scenario's verdicts."""
+    busy; occupancy, rows per step, step ms, wait to join, prepare and finish ms from its ``/stats``; where a step's
+    time went: host ms to queue it, and on CUDA the device's ms for its model part and its rows' scheduler steps),
+    then each scenario's verdicts."""
     lines = [f"# Step batching benchmark ({time.strftime('%Y-%m-%d %H:%M:%S')})", "",
              f"PixArt-Sigma {args.size}, {args.steps} steps, step servers `--batching step --step-policy "
              f"{args.step_policy}` (rows: `--max-batch`; requests prepared and finished on the scheduler's host "
@@ -70,8 +72,8 @@ def markdown(results: list[dict[str, Any]], args, budget: dict[str, Any]) -> str
              f"{', every server with `' + args.stack + '`' if args.stack else ''}. Time budget "
              f"{_f(budget.get('total_s'), '.0f')} s, used {_f(budget.get('used_s'), '.0f')} s.", "",
              "| scenario | server | rows | ok | req/s | steady req/s | p50 s | p99 s | occupancy | rows per step | "
-             "step ms | wait to join ms | prepare ms | finish ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "step ms | host ms | device predict ms | device advance ms | wait to join ms | prepare ms | finish ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines += [_md_row(r["scenario"], role, s) for role, s in r.get("summaries", {}).items()]
     for r in results:

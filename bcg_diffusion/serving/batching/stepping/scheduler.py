@@ -42,6 +42,7 @@ from .host_work import HostWork
 from .loops import loop_for
 from .rows import Plan, Row, RunningBatch
 from .stats import StepStats
+from .step_clock import StepClock
 
 __all__ = ["IDLE_BATCHES", "StepRequest", "StepResult", "StepScheduler", "StepTicket"]
 
@@ -113,6 +114,7 @@ class StepScheduler:
         self._host = HostWork(self.config.host_threads, self.config.switch_interval_s,
                               cuda=self.loop.device.type == "cuda")
         self.before_step, self._clock = before_step, clock
+        self._step_clock = StepClock(self.loop.device, clock)
         self._cond = threading.Condition()
         self._waiting: dict[Hashable, deque[StepTicket]] = {}
         self._batches: dict[Hashable, RunningBatch] = {}
@@ -335,14 +337,19 @@ class StepScheduler:
         try:
             if self.before_step is not None:
                 self.before_step(batch.group, len(admitted))
+            marks = self._step_clock.begin()
             preds = self.loop.predict(batch)
+            self._step_clock.mark(marks)
             for slot in active:
                 self.loop.advance(batch.slots[slot], preds[slot])
+            self._step_clock.mark(marks)
             self.loop.end_step()
         except BaseException as exc:  # noqa: BLE001 - every request of this batch fails
             self._fail(batch.owners_active(), exc, batch)
             return
-        self.stats.step(str(batch.key), len(active), self._clock() - started)
+        launch_s, spans = self._step_clock.end(marks)
+        self.stats.step(str(batch.key), len(active), self._clock() - started, launch_s)
+        self.stats.device_spans(spans)
         self._after_step(batch)
 
     def _after_step(self, batch: RunningBatch) -> None:

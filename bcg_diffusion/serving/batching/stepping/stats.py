@@ -60,6 +60,7 @@ class StepStats:
         self.active_per_step: dict[int, int] = {}
         self.steps_per_key: dict[str, int] = {}
         self.step_s, self.wait_s, self.prepare_s, self.finish_s = _Timing(), _Timing(), _Timing(), _Timing()
+        self.launch_s, self.predict_device_s, self.advance_device_s = _Timing(), _Timing(), _Timing()
 
     def count(self, outcome: str, amount: int = 1) -> None:
         with self._lock:
@@ -71,13 +72,22 @@ class StepStats:
             self.wait_s.add(wait_s)
             self.prepare_s.add(prepare_s)
 
-    def step(self, key: str, active: int, seconds: float) -> None:
+    def step(self, key: str, active: int, seconds: float, launch_s: float | None = None) -> None:
         with self._lock:
             self.steps += 1
             self.occupied_rows += active
             self.active_per_step[active] = self.active_per_step.get(active, 0) + 1
             self.steps_per_key[key] = self.steps_per_key.get(key, 0) + 1
             self.step_s.add(seconds)
+            if launch_s is not None:
+                self.launch_s.add(launch_s)
+
+    def device_spans(self, spans) -> None:
+        """The device's seconds of finished steps (:class:`~.step_clock.DeviceSpans`)."""
+        with self._lock:
+            for span in spans:
+                self.predict_device_s.add(span.predict_s)
+                self.advance_device_s.add(span.advance_s)
 
     def finished(self, seconds: float) -> None:
         with self._lock:
@@ -86,7 +96,10 @@ class StepStats:
     def snapshot(self, waiting: int = 0, running_rows: int = 0) -> dict[str, Any]:
         """``occupancy``: occupied slots / slots over all steps so far; ``active_rows_per_step``: a histogram;
         ``step_s``: each step's wall time (on CUDA the host waits for the previous step to end on the device
-        before it goes on, so in a busy run this is the device's time per step); ``queue_wait_s``: from arrival to
+        before it goes on, so in a busy run this is the device's time per step); ``step_launch_s``: the host's time
+        to queue a step (its inputs, the transformer call, the guidance and every row's scheduler step);
+        ``predict_device_s`` / ``advance_device_s``: on CUDA, the device's time for the model part of a step and for
+        the rows' scheduler steps (:mod:`.step_clock`; empty elsewhere); ``queue_wait_s``: from arrival to
         joining a running batch; ``prepare_s`` / ``finish_s``: encoding and drawing a request / decoding it."""
         with self._lock:
             slots = self.steps * self.rows
@@ -96,5 +109,7 @@ class StepStats:
                     "occupancy": round(self.occupied_rows / slots, 4) if slots else None,
                     "active_rows_per_step": {str(k): v for k, v in sorted(self.active_per_step.items())},
                     "steps_per_key": dict(self.steps_per_key),
-                    "step_s": self.step_s.snapshot(), "queue_wait_s": self.wait_s.snapshot(),
+                    "step_s": self.step_s.snapshot(), "step_launch_s": self.launch_s.snapshot(),
+                    "predict_device_s": self.predict_device_s.snapshot(),
+                    "advance_device_s": self.advance_device_s.snapshot(), "queue_wait_s": self.wait_s.snapshot(),
                     "prepare_s": self.prepare_s.snapshot(), "finish_s": self.finish_s.snapshot()}
