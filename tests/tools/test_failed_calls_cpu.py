@@ -110,3 +110,61 @@ def test_a_failed_diffusers_call_hands_on_its_error_without_its_tensors(collecto
     without_traceback(error)
     assert [t() for t in tensors] == [None, None]  # the latents and the text embeddings gone, the error kept
     assert str(error) == "injected" and "in __call__" in error.__notes__[0]  # the pipeline's frame, named
+
+
+def test_a_request_answered_with_a_failed_call_is_freed_without_the_collector(collector_off):
+    """The route that awaits a failed call: the shared error's traceback gets the route's frame; the frame must
+    not keep the future (which keeps the error), or the request and its job wait for the cyclic collector."""
+    import asyncio
+    import concurrent.futures
+
+    pytest.importorskip("fastapi")
+    from bcg_diffusion.serving.http import routes
+
+    class Job:
+        size, n = "64x64", 1
+
+    class Planner:
+        class limits:
+            max_body_bytes = 1024
+
+        @staticmethod
+        def parse(body):
+            job = Job()
+            refs.append(weakref.ref(job))
+            return job
+
+    class State:
+        planner, max_queue = Planner(), 8
+
+        @staticmethod
+        def depth():
+            return 0
+
+        @staticmethod
+        def submit(job):
+            future = concurrent.futures.Future()
+            future.set_exception(shared)
+            held.append(future)  # as a batcher may, until its call is done
+            return future
+
+    class Request:
+        headers: dict = {}
+
+        async def stream(self):
+            yield b"{}"
+
+    refs: list = []
+    held: list = []
+    shared = without_traceback(RuntimeError("the batched call failed"))
+
+    async def answer_twice():
+        for _ in range(2):  # two requests of one batched call: one error
+            response = await routes.generate(Request(), State())
+            assert response.status_code == 500 and b"the batched call failed" in response.body
+        await asyncio.sleep(0)
+
+    asyncio.run(answer_twice())
+    held.clear()  # the batcher lets go of the call's futures
+    del shared  # (the error's traceback holds the frames of the routes it was raised in while the error lives)
+    assert [ref() for ref in refs] == [None, None]

@@ -124,6 +124,9 @@ async def generate(request: Request, state: ServerState) -> JSONResponse:
     try:
         started, result = await asyncio.wrap_future(future)
     except Exception as exc:  # noqa: BLE001 - a failed pipeline call is answered, the worker goes on
+        # The error's traceback now holds this frame, which holds the future, which holds the error: a cycle that
+        # would keep the request and its job until the cyclic collector runs. The frame lets go of the future.
+        del future
         return error_response(pipeline_error(exc, job))
     return await answer(state, job, result, started - submitted)
 
