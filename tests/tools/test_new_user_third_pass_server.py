@@ -149,6 +149,15 @@ def test_serve_refuses_limits_the_model_cannot_meet_before_building(capsys, no_b
     assert err[-1].startswith("serve.py: error: ") and needle in err[-1], err[-3:]
 
 
+def test_a_model_default_the_limits_refuse_exits_2_saying_which_option_to_give(capsys):
+    """Sana's default size (512x512) above --max-pixels: found once the model is built, before listening."""
+    assert serve_command.main(["--model", "sana", "--device", "cpu", "--max-pixels", "16384"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("serve.py: error: the default request (what a body with only a prompt gets: size 512x512, "
+                          "20 steps) is invalid: size '512x512' has 262144 pixels; this server allows at most 16384 "
+                          "(--max-pixels). Give --default-size WxH (and --steps N) that this server allows"), err
+
+
 # -- 22. bcg-load checks the mix against the server before any traffic --------------------------------------------
 @pytest.mark.parametrize("sizes, needle", [("63x64", "--sizes 63x64: the server takes multiples of 16 px"),
                                            ("64x64,512x512", "--sizes 512x512: the server's model runs at most 256 px")])

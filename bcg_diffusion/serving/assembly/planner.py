@@ -33,7 +33,10 @@ def make_planner(built: BuiltModel, plan: ServerPlan, batching_off: str | None =
     try:
         planner.default_job(default_size)
     except RequestError as exc:
-        raise Failure(2, f"{prog()}: error: the default request is invalid: {exc.message}") from exc
+        size_from = f"--default-size {default_size}" if asked.default_size is not None else f"size {default_size}"
+        raise Failure(2, f"{prog()}: error: the default request (what a body with only a prompt gets: {size_from}, "
+                         f"{built.default_steps} steps) is invalid: {exc.message}. Give --default-size WxH (and "
+                         "--steps N) that this server allows") from exc
     return planner
 
 
