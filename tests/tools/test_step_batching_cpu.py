@@ -527,6 +527,7 @@ def test_the_host_threads_set_the_switch_interval_and_close_puts_it_back(pipes):
     assert sys.getswitchinterval() == pytest.approx(before)  # inline: no threads, nothing set
     with pytest.raises(ValueError, match="switch_interval_s"):
         StepConfig(switch_interval_s=0)
+    assert StepConfig().host_stream_priority == -1  # on CUDA: the host threads' streams before the steps'
 
 
 def test_a_request_finished_after_the_workers_stopped_is_answered_not_lost(pipes):

@@ -98,6 +98,22 @@ def test_a_request_alone_equals_the_stock_pipeline_eagerly_and_under_bcg(family)
     assert np.array_equal(first, reference) and np.array_equal(second, reference)
 
 
+def test_the_host_threads_streams_run_before_the_steps_stream_unless_told_otherwise():
+    """``StepConfig.host_stream_priority``: -1 (the default) above the steps' stream, 0 level with it; the images
+    of the default are those of the inline scheduler (the test above)."""
+    pipe = build("pixart")
+    steps_stream = torch.cuda.current_stream().priority
+    urgent, level = StepScheduler(pipe, StepConfig(rows=ROWS)), StepScheduler(pipe, StepConfig(rows=ROWS,
+                                                                                                 host_stream_priority=0))
+    try:
+        high = [s.priority for s in urgent._host._streams]
+        assert high[0] == high[1] < steps_stream, (high, steps_stream)  # lower numbers run first
+        assert [s.priority for s in level._host._streams] == [steps_stream] * 2
+    finally:
+        urgent.close()
+        level.close()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_joins_and_leaves_change_no_image_under_bcg_and_nothing_is_captured_after_the_first_request(family):
     pipe = build(family)

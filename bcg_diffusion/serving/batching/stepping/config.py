@@ -44,7 +44,8 @@ class StepConfig:
     - ``host_threads``: each request prepared (encoded, its latents drawn, its schedulers set) on a preparing thread
       as soon as it is submitted, and finished (decoded, postprocessed, answered) on a finishing thread, so the thread
       that runs the step boundaries never waits for them and the device always has the next step queued
-      (:mod:`.host_work`; the same kernels on the same stream: the images are bitwise the same). ``False``: both run
+      (:mod:`.host_work`; the same kernels on the same inputs, ordered by device events: the images are bitwise
+      the same). ``False``: both run
       inline on that thread, when the request joins and when its last step is done (every event at a known
       boundary: what the tests of the order of events use).
     - ``switch_interval_s``: with ``host_threads``, the interpreter's thread switch interval while the threads exist
@@ -52,6 +53,12 @@ class StepConfig:
       boundaries' thread releases the interpreter lock at every graph replay and device wait; a busy worker keeps it
       until the interval ends, so this bounds how long the next step's launches wait after each (Python's default is
       5 ms). ``None``: left as it is.
+    - ``host_stream_priority``: with ``host_threads`` on CUDA, the priority of the preparing and finishing threads'
+      streams (lower runs first; the steps run on the pipeline thread's stream, priority 0 by default). ``-1``: a
+      request's text encoding and its decode run between the kernels of the steps queued meanwhile instead of
+      behind them, so it joins and is answered sooner (a closed-loop client sends its next request sooner); the GPU
+      work is the same. ``0``: no preference. The images are bitwise the same either way (a priority changes when a
+      kernel runs, not what it computes).
     """
 
     rows: int = 8
@@ -60,6 +67,7 @@ class StepConfig:
     policy: str = "round_robin"
     host_threads: bool = True
     switch_interval_s: float | None = 0.001
+    host_stream_priority: int = -1
 
     def __post_init__(self):
         if self.switch_interval_s is not None and not 0 < self.switch_interval_s <= 1:

@@ -8,7 +8,9 @@ with the device. Run between two steps on the pipeline's thread, each drained th
 idle while the host work after it ran. On their own threads (and streams) they block only that thread; the
 pipeline's thread keeps the next step queued.
 
-Streams: on CUDA each worker queues its GPU work on a stream of its own. Preparing a request synchronizes (a
+Streams: on CUDA each worker queues its GPU work on a stream of its own, of a higher priority than the steps' by
+default (``StepConfig.host_stream_priority``): the device runs a preparation's or a decode's kernels between the
+kernels of the steps queued meanwhile, instead of behind them. Preparing a request synchronizes (a
 host-to-device copy from pageable memory, ``.item()``); on the steps' stream each such wait also waited for the steps
 queued before it, so a preparation took as long as several steps. On its own stream it waits for its own work only.
 The hand-over is ordered on the device, never by waiting on the host: a preparation ends by recording an event on
@@ -85,9 +87,11 @@ class HostWork:
     """The preparing and the finishing worker of one step scheduler (``threaded``), or none: every job then runs on
     the caller's thread when the scheduler needs its result. ``switch_interval_s`` (threaded): the interpreter's
     switch interval while the workers exist (``StepConfig.switch_interval_s``), put back by :meth:`close`. ``cuda``
-    (threaded): the pipeline runs on the current CUDA device; each worker gets a stream of its own."""
+    (threaded): the pipeline runs on the current CUDA device; each worker gets a stream of its own, of priority
+    ``stream_priority`` (``StepConfig.host_stream_priority``)."""
 
-    def __init__(self, threaded: bool, switch_interval_s: float | None = None, cuda: bool = False):
+    def __init__(self, threaded: bool, switch_interval_s: float | None = None, cuda: bool = False,
+                 stream_priority: int = 0):
         self.threaded = threaded
         pools = [None, None]
         self._switch = None  # (the interval set here, the one it replaced)
@@ -100,7 +104,8 @@ class HostWork:
                                                            initializer=_like_creator, initargs=like)
                      for name in ("prepare", "finish")]
         self._preparer, self._finisher = pools
-        self._streams = (torch.cuda.Stream(), torch.cuda.Stream()) if threaded and cuda else (None, None)
+        self._streams = ((torch.cuda.Stream(priority=stream_priority), torch.cuda.Stream(priority=stream_priority))
+                         if threaded and cuda else (None, None))
 
     def prepare(self, job: Callable[..., Any], *args) -> concurrent.futures.Future | None:
         """``job(*args)`` queued on the preparing thread (on its stream): its future, whose result goes through

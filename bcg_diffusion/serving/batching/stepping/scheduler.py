@@ -112,7 +112,7 @@ class StepScheduler:
         self.loop = loop_for(pipe, self.config)
         self.stats = StepStats(self.config.rows, self.config.policy)
         self._host = HostWork(self.config.host_threads, self.config.switch_interval_s,
-                              cuda=self.loop.device.type == "cuda")
+                              cuda=self.loop.device.type == "cuda", stream_priority=self.config.host_stream_priority)
         self.before_step, self._clock = before_step, clock
         self._step_clock = StepClock(self.loop.device, clock)
         self._cond = threading.Condition()
