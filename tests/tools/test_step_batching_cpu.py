@@ -232,6 +232,33 @@ def test_failures_fail_their_request_or_their_batch_and_the_scheduler_goes_on(pi
     assert scheduler.snapshot()["requests"]["failed"] == 3
 
 
+def test_requests_that_finish_together_are_answered_one_by_one_as_their_decodes_end(pipes, monkeypatch):
+    """Three requests leave at the same step: each is answered once its own decode is done (not after all three);
+    a decode that fails fails its request and the ones after it, not the one answered before."""
+    pipe = pipes["pixart"]
+    scheduler = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
+    fox = call(pipe, "pixart", "a fox", steps=2)
+    references = [alone(scheduler, StepRequest(fox, seed=s)) for s in (1, 2, 3)]
+    real_decoded, seen = scheduler.loop.decoded, []
+
+    def decoded(plan, latents):
+        seen.append([t.state for t in tickets])  # what was answered when this decode started
+        if fail_at is not None and len(seen) == fail_at:
+            raise RuntimeError("decode failed")
+        return real_decoded(plan, latents)
+
+    monkeypatch.setattr(scheduler.loop, "decoded", decoded)
+    for fail_at in (None, 2):
+        seen.clear()
+        tickets = [scheduler.submit(StepRequest(fox, seed=s)) for s in (1, 2, 3)]
+        scheduler.run_until_idle()
+        assert seen[:2] == [["running"] * 3, ["done", "running", "running"]]
+        assert tickets[0].future.result(timeout=0).companions == 3
+    assert np.array_equal(image(tickets[0]), references[0])
+    assert [t.state for t in tickets] == ["done", "failed", "failed"] and len(seen) == 2
+    assert str(tickets[2].future.exception(timeout=0)) == "decode failed"
+
+
 def test_a_failed_step_hands_its_error_on_without_the_steps_locals(pipes, monkeypatch):
     """What a failed step held (its tensors) is freed when its requests get the error, not when the cyclic garbage
     collector gets to it (bcg_diffusion.toolkit.failed_calls); checked with the collector off."""

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 import torch
 
@@ -369,39 +369,46 @@ class StepScheduler:
 
     def _finish(self, tickets: list[StepTicket]) -> None:
         """Decode the images of ``tickets`` (their last step is done, their slots free) ``decode_rows`` at a time
-        (requests finishing together share decode calls) and answer them; on the finishing thread (inline: the
-        boundary's). Once the scheduler is closed, fail them instead."""
+        (requests finishing together share decode calls) and answer each as soon as its rows are decoded; on the
+        finishing thread (inline: the boundary's). A failure fails the requests not answered yet. Once the scheduler
+        is closed, fail them instead."""
         if self._closed is not None:
             self._fail(tickets, StepError(self._closed))
             return
         started = self._clock()
         try:
-            decoded = self._decode(tickets)
-            images = [self.loop.images(t.plan, d) for t, d in zip(tickets, decoded)]
-        except BaseException as exc:  # noqa: BLE001 - these requests fail
+            for ticket, decoded in self._decoded(tickets):
+                self._answer(ticket, self.loop.images(ticket.plan, decoded), started)
+                started = self._clock()
+        except BaseException as exc:  # noqa: BLE001 - the requests not answered yet fail
             self._fail(tickets, exc)
-            return
+
+    def _answer(self, ticket: StepTicket, images: list, started: float) -> None:
         finished = self._clock()
         self.stats.finished(finished - started)
-        for ticket, its_images in zip(tickets, images):
-            ticket.state = "done"
-            result = StepResult(its_images, ticket.admitted - ticket.arrived, finished - ticket.admitted,
-                                ticket.steps, ticket.companions, self.config.rows, ticket.admitted)
-            ticket.future.set_result(result)
-            self.stats.count("finished")
+        ticket.state = "done"
+        ticket.future.set_result(StepResult(images, ticket.admitted - ticket.arrived, finished - ticket.admitted,
+                                            ticket.steps, ticket.companions, self.config.rows, ticket.admitted))
+        self.stats.count("finished")
 
-    def _decode(self, tickets: list[StepTicket]) -> list[torch.Tensor]:
-        """Per ticket its decoded rows (its latents where it asked for latents)."""
+    def _decoded(self, tickets: list[StepTicket]) -> Iterator[tuple[StepTicket, torch.Tensor]]:
+        """Per ticket, in order, its decoded rows (its latents where it asked for latents), as soon as the decode
+        calls that hold them are done."""
         rows = [(k, row.latents) for k, t in enumerate(tickets) for row in t.rows
                 if t.plan.args["output_type"] != "latent"]
         parts: list[list[torch.Tensor]] = [[] for _ in tickets]
-        size = self.config.decode_rows
-        for start in range(0, len(rows), size):
+        wanted = [sum(1 for k, _ in rows if k == index) for index in range(len(tickets))]
+        size, handed = self.config.decode_rows, 0
+        for start in range(0, len(rows) + size, size):
             chunk = rows[start:start + size]
-            decoded = self.loop.decoded(tickets[chunk[0][0]].plan, torch.cat([latents for _, latents in chunk]))
-            for (k, _), row in zip(chunk, decoded.split(1)):
-                parts[k].append(row)
-        return [torch.cat(p) if p else torch.cat([r.latents for r in t.rows]) for p, t in zip(parts, tickets)]
+            if chunk:
+                decoded = self.loop.decoded(tickets[chunk[0][0]].plan, torch.cat([latents for _, latents in chunk]))
+                for (k, _), row in zip(chunk, decoded.split(1)):
+                    parts[k].append(row)
+            while handed < len(tickets) and len(parts[handed]) == wanted[handed]:
+                ticket = tickets[handed]
+                yield ticket, torch.cat(parts[handed]) if parts[handed] else torch.cat([r.latents for r in ticket.rows])
+                handed += 1
 
     def _fail(self, tickets: list[StepTicket], exc: BaseException, batch: RunningBatch | None = None) -> None:
         """Fail ``tickets`` with ``exc`` (out of memory: a fresh :class:`torch.OutOfMemoryError`, and the cache is
