@@ -259,6 +259,42 @@ def test_requests_that_finish_together_are_answered_one_by_one_as_their_decodes_
     assert str(tickets[2].future.exception(timeout=0)) == "decode failed"
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_negative_prompt_seen_before_is_not_encoded_again_and_changes_no_image(pipes, family):
+    """``StepConfig.reused_encodings``: the second request with the same negative prompt runs half the text-encoder
+    calls and gives the image of a scheduler that reuses nothing; weights written in place make it encode again."""
+    from bcg_diffusion.serving.batching.stepping.text_reuse import text_encoders
+
+    pipe = pipes[family]
+    extra = {"true_cfg_scale": 2.0} if family == "flux" else {}
+    first, second = (call(pipe, family, prompt, negative="low quality", **extra) for prompt in ("a fox", "a boat"))
+    reusing = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS))
+    fresh = StepScheduler(pipe, StepConfig(host_threads=False, rows=ROWS, reused_encodings=0))
+    assert reusing.loop.plan(first).args["cfg"], "the test needs classifier-free guidance"
+    encoders, calls = text_encoders(pipe), []
+    hooks = [m.register_forward_pre_hook(lambda *_: calls.append(1)) for m in encoders]
+    try:
+        alone(reusing, StepRequest(first, seed=1))  # its negative prompt and the filler's empty one: encoded
+        calls.clear()
+        reused = alone(reusing, StepRequest(second, seed=2))
+        hit = len(calls)
+        calls.clear()
+        encoded = alone(fresh, StepRequest(second, seed=2))  # a new scheduler: its filler row is encoded too
+        assert len(calls) > hit > 0 and reusing.loop.unconds.hits >= 1
+        calls.clear()
+        alone(fresh, StepRequest(second, seed=2))
+        assert len(calls) == 2 * hit  # without reuse: the prompt and the negative prompt, each as many calls
+        with torch.no_grad():
+            next(encoders[0].parameters()).add_(0)  # the same values, a new version: the weights may have changed
+        calls.clear()
+        assert np.array_equal(alone(reusing, StepRequest(second, seed=2)), reused)
+        assert len(calls) == 2 * hit  # encoded again
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert np.array_equal(reused, encoded)
+
+
 def test_a_failed_step_hands_its_error_on_without_the_steps_locals(pipes, monkeypatch):
     """What a failed step held (its tensors) is freed when its requests get the error, not when the cyclic garbage
     collector gets to it (bcg_diffusion.toolkit.failed_calls); checked with the collector off."""

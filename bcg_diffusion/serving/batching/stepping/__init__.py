@@ -4,8 +4,9 @@ No HTTP here: :class:`StepScheduler` takes :class:`StepRequest` (a stock pipelin
 each with a future of :class:`StepResult`. Family loops (:mod:`.loop`, ``family_*.py``) split diffusers' denoising
 loops into prepare / step / finish; :class:`~.rows.RunningBatch` holds the slots of one shape; :mod:`.host_work`
 prepares requests on arrival and finishes them on their own threads; :class:`StepStats` counts, and
-:mod:`.step_clock` times each step's parts on the host and the device. The server's wiring is
-:mod:`bcg_diffusion.serving.batching.step_batching`. See docs/serving.md#step-batching.
+:mod:`.step_clock` times each step's parts on the host and the device; :mod:`.text_reuse` keeps negative prompts'
+encodings. The server's wiring is :mod:`bcg_diffusion.serving.batching.step_batching`. See docs/serving.md#step-
+batching.
 
 The settings (:mod:`.config`) import nothing heavy, so the server's options read them for ``--help``; the rest
 (diffusers' pipeline modules) is imported on first use of a name below.

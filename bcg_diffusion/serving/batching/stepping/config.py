@@ -59,6 +59,10 @@ class StepConfig:
       behind them, so it joins and is answered sooner (a closed-loop client sends its next request sooner); the GPU
       work is the same. ``0``: no preference. The images are bitwise the same either way (a priority changes when a
       kernel runs, not what it computes).
+    - ``reused_encodings``: under classifier-free guidance, how many negative prompts' encodings a loop keeps and
+      reuses (the same negative prompt, the same settings, the same text-encoder weights: :mod:`.text_reuse`), so a
+      request whose negative prompt was seen before encodes its prompt only. Bitwise the same images (the same text
+      always gives the same encoder call); ``0``: every request encodes its negative prompt.
     """
 
     rows: int = 8
@@ -68,10 +72,13 @@ class StepConfig:
     host_threads: bool = True
     switch_interval_s: float | None = 0.001
     host_stream_priority: int = -1
+    reused_encodings: int = 8
 
     def __post_init__(self):
         if self.switch_interval_s is not None and not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1] seconds or None (got {self.switch_interval_s})")
+        if self.reused_encodings < 0:
+            raise ValueError(f"reused_encodings must be >= 0 (got {self.reused_encodings})")
         if min(self.rows, self.encode_rows, self.decode_rows) < 1:
             raise ValueError(f"rows, encode_rows and decode_rows must be >= 1 (got {self})")
         if self.policy not in POLICIES:

@@ -51,10 +51,10 @@ class FluxLoop(FamilyLoop):
                                                            lora_scale=None)
         return {TEXT[0]: self.first(embeds), TEXT[1]: self.first(pooled), "txt_ids": text_ids}
 
-    def encode(self, args: dict[str, Any]):
+    def encode(self, args: dict[str, Any], with_uncond: bool = True):
         cond = self._encode_one(args["prompt"], args)
         cond["guidance"] = torch.full([1], args["guidance_scale"], device=self.device, dtype=torch.float32)
-        uncond = self._encode_one(args["negative_prompt"], args) if args["cfg"] else None
+        uncond = self._encode_one(args["negative_prompt"], args) if args["cfg"] and with_uncond else None
         return cond, uncond
 
     def initial_latents(self, args, generators, cond) -> torch.Tensor:

@@ -48,10 +48,14 @@ class MaskedTextLoop(FamilyLoop):
     def key(self, args: dict[str, Any]) -> tuple:
         return (type(self).__name__, args["height"], args["width"], args["cfg"], args["max_sequence_length"])
 
-    def encode(self, args: dict[str, Any]):
-        embeds, mask, neg_embeds, neg_mask = self.encode_prompt(args)
+    #: What a negative prompt's encoding reads besides the text encoders (:meth:`FamilyLoop.uncond_key`).
+    uncond_args = ("negative_prompt", "max_sequence_length", "clean_caption")
+
+    def encode(self, args: dict[str, Any], with_uncond: bool = True):
+        cfg = args["cfg"] and with_uncond
+        embeds, mask, neg_embeds, neg_mask = self.encode_prompt(args, cfg)
         cond = {TEXT[0]: self.first(embeds), TEXT[1]: self.first(mask)}
-        uncond = {TEXT[0]: self.first(neg_embeds), TEXT[1]: self.first(neg_mask)} if args["cfg"] else None
+        uncond = {TEXT[0]: self.first(neg_embeds), TEXT[1]: self.first(neg_mask)} if cfg else None
         return cond, uncond
 
     def step_kwargs(self, scheduler, generator, args: dict[str, Any]) -> dict[str, Any]:
@@ -90,8 +94,8 @@ class PixArtLoop(MaskedTextLoop):
     def check_inputs(self, args: dict[str, Any]) -> None:
         self.pipe.check_inputs(args["prompt"], args["height"], args["width"], args["negative_prompt"], 1)
 
-    def encode_prompt(self, args: dict[str, Any]):
-        return self.pipe.encode_prompt(self.encode_texts(args["prompt"]), args["cfg"],
+    def encode_prompt(self, args: dict[str, Any], cfg: bool):
+        return self.pipe.encode_prompt(self.encode_texts(args["prompt"]), cfg,
                                        negative_prompt=self.encode_texts(args["negative_prompt"]),
                                        num_images_per_prompt=1, device=self.device, clean_caption=args["clean_caption"],
                                        max_sequence_length=args["max_sequence_length"])

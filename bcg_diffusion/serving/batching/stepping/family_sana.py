@@ -28,8 +28,8 @@ class SanaLoop(MaskedTextLoop):
     def check_inputs(self, args: dict[str, Any]) -> None:
         self.pipe.check_inputs(args["prompt"], args["height"], args["width"], None, args["negative_prompt"])
 
-    def encode_prompt(self, args: dict[str, Any]):
-        return self.pipe.encode_prompt(self.encode_texts(args["prompt"]), args["cfg"],
+    def encode_prompt(self, args: dict[str, Any], cfg: bool):
+        return self.pipe.encode_prompt(self.encode_texts(args["prompt"]), cfg,
                                        negative_prompt=self.encode_texts(args["negative_prompt"]),
                                        num_images_per_prompt=1, device=self.device, clean_caption=args["clean_caption"],
                                        max_sequence_length=args["max_sequence_length"],

@@ -37,14 +37,15 @@ class SD3Loop(FamilyLoop):
     def key(self, args: dict[str, Any]) -> tuple:
         return ("sd3", args["height"], args["width"], args["cfg"], args["max_sequence_length"])
 
-    def encode(self, args: dict[str, Any]):
+    def encode(self, args: dict[str, Any], with_uncond: bool = True):
+        cfg = args["cfg"] and with_uncond
         embeds, neg_embeds, pooled, neg_pooled = self.pipe.encode_prompt(
             prompt=self.encode_texts(args["prompt"]), prompt_2=None, prompt_3=None,
-            negative_prompt=self.encode_texts(args["negative_prompt"]), do_classifier_free_guidance=args["cfg"],
+            negative_prompt=self.encode_texts(args["negative_prompt"]), do_classifier_free_guidance=cfg,
             device=self.device, clip_skip=None, num_images_per_prompt=1,
             max_sequence_length=args["max_sequence_length"], lora_scale=None)
         cond = {TEXT[0]: self.first(embeds), TEXT[1]: self.first(pooled)}
-        uncond = {TEXT[0]: self.first(neg_embeds), TEXT[1]: self.first(neg_pooled)} if args["cfg"] else None
+        uncond = {TEXT[0]: self.first(neg_embeds), TEXT[1]: self.first(neg_pooled)} if cfg else None
         return cond, uncond
 
     def initial_latents(self, args, generators, cond) -> torch.Tensor:

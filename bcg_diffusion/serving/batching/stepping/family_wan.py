@@ -45,14 +45,15 @@ class WanLoop(FamilyLoop):
     def key(self, args: dict[str, Any]) -> tuple:
         return ("wan", args["height"], args["width"], args["num_frames"], args["cfg"], args["max_sequence_length"])
 
-    def encode(self, args: dict[str, Any]):
+    def encode(self, args: dict[str, Any], with_uncond: bool = True):
+        cfg = args["cfg"] and with_uncond
         embeds, neg_embeds = self.pipe.encode_prompt(prompt=self.encode_texts(args["prompt"]),
                                                      negative_prompt=self.encode_texts(args["negative_prompt"]),
-                                                     do_classifier_free_guidance=args["cfg"], num_videos_per_prompt=1,
+                                                     do_classifier_free_guidance=cfg, num_videos_per_prompt=1,
                                                      max_sequence_length=args["max_sequence_length"], device=self.device)
         dtype = self.pipe.transformer.dtype
         cond = {TEXT[0]: self.first(embeds).to(dtype)}
-        uncond = {TEXT[0]: self.first(neg_embeds).to(dtype)} if args["cfg"] else None
+        uncond = {TEXT[0]: self.first(neg_embeds).to(dtype)} if cfg else None
         return cond, uncond
 
     def initial_latents(self, args, generators, cond) -> torch.Tensor:

@@ -5,7 +5,8 @@ does in its ``__call__``, in three parts the scheduler drives:
 
 - **prepare** (:meth:`FamilyLoop.prepare`), once per request: its prompt encoded (with filler prompts up to
   ``encode_rows``), its latents drawn from its own generators (image ``i`` from ``seed + i``), and per image its
-  own scheduler instance with its own timestep schedule. Nothing here depends on other requests.
+  own scheduler instance with its own timestep schedule. Nothing here depends on other requests. A negative prompt
+  encoded before is reused (:mod:`.text_reuse`).
 - **step** (:meth:`FamilyLoop.predict`, then :meth:`FamilyLoop.advance` per row), once per step of a running
   batch: one transformer call over every slot (each row with its own timestep, its conditioning and, where the
   family embeds it, its guidance), classifier-free guidance combined per row with the row's own scale as the
@@ -35,6 +36,7 @@ from bcg_diffusion import pipeline_for_thread
 
 from .config import FILLER_PROMPT, FILLER_SEED, StepConfig, StepError, row_seeds
 from .rows import Plan, Row, RunningBatch
+from .text_reuse import ReusedEncodings, text_encoders
 
 __all__ = ["DevicePacer", "FamilyLoop", "call_defaults", "check_servable", "prime_step_index"]
 
@@ -115,14 +117,16 @@ class FamilyLoop:
 
     Subclasses name their diffusers pipeline classes (``pipeline_names``), the call keys they honour besides
     :data:`COMMON_KEYS` (``honoured``; any other key must keep the pipeline's default), and implement
-    :meth:`resolve`, :meth:`key`, :meth:`encode`, :meth:`initial_latents`, :meth:`schedule`, :meth:`predict`,
-    :meth:`decode` and :meth:`postprocess`.
+    :meth:`resolve`, :meth:`key`, :meth:`encode` (and :attr:`uncond_args`), :meth:`initial_latents`,
+    :meth:`schedule`, :meth:`predict`, :meth:`decode` and :meth:`postprocess`.
     """
 
     pipeline_names: tuple[str, ...] = ()
     honoured: frozenset[str] = frozenset()
     #: The keyword that sets images per prompt.
     count_key = "num_images_per_prompt"
+    #: What a negative prompt's encoding reads besides the text encoders (:meth:`uncond_key`).
+    uncond_args: tuple[str, ...] = ("negative_prompt", "max_sequence_length")
 
     def __init__(self, pipe, config: StepConfig):
         check_servable(pipe)
@@ -133,6 +137,8 @@ class FamilyLoop:
         self.pacer = DevicePacer(self.device)
         #: Every row's scheduler is a copy of this one, made once from the pipeline's scheduler's config.
         self.scheduler_template = type(pipe.scheduler).from_config(pipe.scheduler.config)
+        #: Negative prompts' encodings, reused (:mod:`.text_reuse`; ``StepConfig.reused_encodings`` of them).
+        self.unconds = ReusedEncodings(lambda: text_encoders(self.pipe), config.reused_encodings)
 
     # -- per request ------------------------------------------------------------------------------------------
     def plan(self, call: dict[str, Any]) -> Plan:
@@ -166,7 +172,7 @@ class FamilyLoop:
     def prepare(self, plan: Plan, seed: int) -> list[Row]:
         """The rows of a request: its prompt encoded, its latents drawn, a scheduler per image."""
         generators = [torch.Generator(self.generator_device).manual_seed(s) for s in row_seeds(seed, plan.n)]
-        cond, uncond = self.encode(plan.args)
+        cond, uncond = self.encoded(plan.args)
         latents = self.initial_latents(plan.args, generators, cond)
         return [self._row(plan.args, cond, uncond, latents[i:i + 1], generators[i]) for i in range(plan.n)]
 
@@ -175,10 +181,27 @@ class FamilyLoop:
         """The inert row of ``plan``'s key: the filler prompt, latents of :data:`FILLER_SEED`, never stepped (it
         keeps its first timestep)."""
         args = {**plan.args, "prompt": FILLER_PROMPT, "negative_prompt": FILLER_PROMPT}
-        cond, uncond = self.encode(args)
+        cond, uncond = self.encoded(args)
         latents = self.initial_latents(args, [torch.Generator(self.generator_device).manual_seed(FILLER_SEED)], cond)
         row = self._row(args, cond, uncond, latents, None)
         return Row(row.cond, row.uncond, row.latents, guidance=row.guidance, fixed_t=row.timesteps[0])
+
+    def encoded(self, args: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """:meth:`encode`, with the unconditional half reused where the same negative prompt was encoded before
+        under the same settings and text-encoder weights (:mod:`.text_reuse`): then only the prompt is encoded."""
+        if not args["cfg"]:
+            return self.encode(args)
+        key, reused = self.unconds.lookup(self.uncond_key(args))
+        if reused is not None:
+            return self.encode(args, with_uncond=False)[0], reused
+        cond, uncond = self.encode(args)
+        self.unconds.store(key, uncond)
+        return cond, uncond
+
+    def uncond_key(self, args: dict[str, Any]) -> tuple:
+        """What the unconditional encoding of ``args`` depends on besides the text encoders' weights: the values of
+        :attr:`uncond_args`."""
+        return tuple(args[name] for name in self.uncond_args)
 
     def _row(self, args, cond, uncond, latents, generator) -> Row:
         scheduler = copy.deepcopy(self.scheduler_template)
@@ -287,7 +310,10 @@ class FamilyLoop:
     def key(self, args: dict[str, Any]) -> tuple:
         raise NotImplementedError
 
-    def encode(self, args: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    def encode(self, args: dict[str, Any], with_uncond: bool = True
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """The prompt's encoding and, under classifier-free guidance (``args["cfg"]``) unless ``with_uncond`` is
+        false, the negative prompt's (else ``None``); the prompt's encoding does not depend on ``with_uncond``."""
         raise NotImplementedError
 
     def initial_latents(self, args: dict[str, Any], generators: list, cond: dict[str, torch.Tensor]) -> torch.Tensor:

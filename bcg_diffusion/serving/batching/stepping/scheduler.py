@@ -172,8 +172,10 @@ class StepScheduler:
         return self.has_work()
 
     def snapshot(self) -> dict[str, Any]:
-        """:meth:`StepStats.snapshot` with the requests waiting and the rows running now."""
-        return self.stats.snapshot(self.waiting(), self.running_rows())
+        """:meth:`StepStats.snapshot` with the requests waiting and the rows running now, and how often a negative
+        prompt's encoding was reused (:mod:`.text_reuse`)."""
+        return {**self.stats.snapshot(self.waiting(), self.running_rows()),
+                "negative_encodings": self.loop.unconds.counts()}
 
     # -- the pipeline's thread --------------------------------------------------------------------------------
     def run_once(self) -> bool:
