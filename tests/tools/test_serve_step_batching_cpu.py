@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 
 import pytest
 import torch
@@ -190,3 +191,6 @@ def test_a_live_step_server_under_open_loop_load(live_server, tmp_path, capsys):
     batching = summary["batching"]
     assert batching["mode"] == "step" and batching["steps"] > 0 and 0 < batching["occupancy"] <= 1
     assert "step batching (3 slots, round_robin)" in printed
+    with urllib.request.urlopen(f"{live_server}/stats", timeout=30) as answer:
+        reused = json.loads(answer.read())["batching"]["negative_encodings"]
+    assert reused["hits"] >= 12 and reused["kept"] >= 1, reused  # every request's negative prompt: the same
