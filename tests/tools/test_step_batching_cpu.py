@@ -606,3 +606,23 @@ def test_a_request_finished_after_the_workers_stopped_is_answered_not_lost(pipes
     scheduler._host.close()
     scheduler.run_once()  # its only step, then its finish
     assert ticket.state == "done" and np.array_equal(image(ticket), reference)
+
+
+def test_text_encoders_whose_weights_cannot_be_versioned_are_never_reused():
+    """Inference tensors keep no version counter: their encodings are made every time, never reused."""
+    from bcg_diffusion.serving.batching.stepping.text_reuse import ReusedEncodings, weights_signature
+
+    plain = torch.nn.Linear(2, 2)
+    with torch.inference_mode():
+        frozen = torch.nn.Linear(2, 2)
+    assert weights_signature([plain]) is not None and weights_signature([frozen]) is None
+    reuse = ReusedEncodings(lambda: [frozen])
+    key, found = reuse.lookup(("",))
+    reuse.store(key, {"x": torch.zeros(1)})
+    assert key is None and found is None and reuse.lookup(("",)) == (None, None) and reuse.counts()["kept"] == 0
+    kept = ReusedEncodings(lambda: [plain], size=1)
+    for text in ("a", "b", "a"):
+        key, found = kept.lookup((text,))
+        assert found is None  # "a" was dropped for "b" (one entry kept)
+        kept.store(key, {"x": torch.zeros(1)})
+    assert kept.lookup(("a",))[1] is not None and kept.counts() == {"hits": 1, "misses": 3, "kept": 1}

@@ -8,8 +8,8 @@ Why the bits do not change: a request's negative prompt is encoded in a call of 
 with fixed filler prompts, so the same text always gives the same encoder inputs at the same shapes, hence the same
 kernels and the same values; a reused encoding is the one such a call gave. The weights are part of the key (each
 parameter's identity, storage and version counter, which every in-place write bumps): an adapter loaded into a text
-encoder, weights loaded or edited in place, make the next request encode again. Where a version counter cannot be
-read (inference tensors) nothing is reused.
+encoder, weights loaded or edited in place, make the next request encode again. Where a version counter or a storage
+cannot be read (inference tensors, some tensor subclasses) nothing is reused.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 import torch
 
-__all__ = ["ReusedEncodings", "text_encoders"]
+__all__ = ["ReusedEncodings", "text_encoders", "weights_signature"]
 
 
 def text_encoders(pipe) -> list[torch.nn.Module]:
@@ -34,7 +34,7 @@ def weights_signature(modules: Iterable[torch.nn.Module]) -> tuple | None:
     ``None`` where a version cannot be read."""
     try:
         return tuple((id(t), t.data_ptr(), t._version) for m in modules for t in (*m.parameters(), *m.buffers()))
-    except RuntimeError:  # inference tensors keep no version counter
+    except Exception:  # noqa: BLE001 - inference tensors keep no version counter; some subclasses have no storage
         return None
 
 
