@@ -9,7 +9,7 @@ from typing import Any
 from .run import ServerRun
 
 __all__ = ["alone_check", "batching_during", "cross_check", "format_report", "latency_ratios", "percentile",
-           "queue_trend", "steady_throughput", "step_batching_during", "summarize", "throughput_ratio"]
+           "mean_ms", "queue_trend", "steady_throughput", "step_batching_during", "summarize", "throughput_ratio"]
 
 MIB = 2**20
 
@@ -327,18 +327,19 @@ def _batching_line(label: str, b: dict[str, Any]) -> str:
             f"{closed or '-'}{back}")
 
 
-def _mean_ms(timing: dict[str, Any] | None) -> str:
+def mean_ms(timing: dict[str, Any] | None) -> str:
+    """A timing's mean in milliseconds, one decimal (``-`` without one)."""
     return _fmt(None if not timing or timing.get("mean") is None else 1000 * timing["mean"], ".1f")
 
 
 def _step_line(label: str, b: dict[str, Any]) -> str:
     hist = ", ".join(f"{k}: {v}" for k, v in b["active_rows_per_step"].items())
     parts = ("" if not (b.get("predict_device_s") or {}).get("count") else
-             f" (host {_mean_ms(b.get('step_launch_s'))} ms to queue; device {_mean_ms(b['predict_device_s'])} ms "
-             f"model + {_mean_ms(b.get('advance_device_s'))} ms rows' scheduler steps)")
+             f" (host {mean_ms(b.get('step_launch_s'))} ms to queue; device {mean_ms(b['predict_device_s'])} ms "
+             f"model + {mean_ms(b.get('advance_device_s'))} ms rows' scheduler steps)")
     return (f"  {label} step batching ({b['max_batch']} slots, {b['policy']}): {b['steps']} steps, occupancy "
-            f"{_fmt(b['occupancy'], '.2f')}, step mean {_mean_ms(b['step_s'])} ms{parts}, "
-            f"wait to join mean {_mean_ms(b['wait_s'])} ms; active rows per step: {hist or 'none'}")
+            f"{_fmt(b['occupancy'], '.2f')}, step mean {mean_ms(b['step_s'])} ms{parts}, "
+            f"wait to join mean {mean_ms(b['wait_s'])} ms; active rows per step: {hist or 'none'}")
 
 
 def format_report(summaries: list[dict[str, Any]], cross: dict[str, Any] | None = None,

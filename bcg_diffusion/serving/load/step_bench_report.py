@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .report import mean_ms
+
 __all__ = ["check", "markdown", "skipped"]
 
 REQUEST_SERVER = " and the request-batching server (`--batching request`, rows `--max-batch`, its default window)"
@@ -32,18 +34,14 @@ def _x(value) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _ms(timing: dict[str, Any] | None) -> str:
-    return _f(None if not timing or timing.get("mean") is None else 1000 * timing["mean"], ".1f")
-
-
 def _md_row(scenario: str, role: str, s: dict[str, Any]) -> str:
     lat, b = s["latency_s"], s.get("batching") or {}
     return (f"| {scenario} | {role} | {b.get('max_batch', '-')} | {s['ok']}/{s['requests']} | "
             f"{_f(s['throughput_rps'], '.2f')} | {_f(s.get('throughput_steady_rps'), '.2f')} | {_f(lat['p50'])} | "
             f"{_f(lat['p99'])} | {_f(b.get('occupancy'), '.2f')} | "
-            f"{_f(b.get('mean_rows_per_step'), '.2f')} | {_ms(b.get('step_s'))} | {_ms(b.get('step_launch_s'))} | "
-            f"{_ms(b.get('predict_device_s'))} | {_ms(b.get('advance_device_s'))} | {_ms(b.get('wait_s'))} | "
-            f"{_ms(b.get('prepare_s'))} | {_ms(b.get('finish_s'))} |")
+            f"{_f(b.get('mean_rows_per_step'), '.2f')} | {mean_ms(b.get('step_s'))} | {mean_ms(b.get('step_launch_s'))} | "
+            f"{mean_ms(b.get('predict_device_s'))} | {mean_ms(b.get('advance_device_s'))} | {mean_ms(b.get('wait_s'))} | "
+            f"{mean_ms(b.get('prepare_s'))} | {mean_ms(b.get('finish_s'))} |")
 
 
 def _title(r: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from bcg_diffusion import pipeline_for_thread
 
 from .config import FILLER_PROMPT, FILLER_SEED, StepConfig, StepError, row_seeds
 from .rows import Plan, Row, RunningBatch
+from .step_clock import recorded_event
 from .text_reuse import ReusedEncodings, text_encoders
 
 __all__ = ["DevicePacer", "FamilyLoop", "call_defaults", "check_servable", "prime_step_index"]
@@ -78,12 +79,6 @@ def check_servable(pipe) -> None:
                                 "offloading decide per call for all rows at once: remove it for step batching")
 
 
-def _cuda_event(device: torch.device):
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
-
-
 def prime_step_index(scheduler, timesteps: torch.Tensor) -> None:
     """Find the scheduler's step index now, with the timestep its first ``step`` gets and the scheduler's own lookup
     (diffusers' ``_init_step_index``, which reads the device with ``.item()``): while the request is prepared rather
@@ -100,7 +95,7 @@ class DevicePacer:
 
     def __init__(self, device: torch.device, ahead: int = 1, make_event: Callable[[], Any] | None = None):
         if make_event is None and device.type == "cuda":
-            make_event = lambda: _cuda_event(device)  # noqa: E731
+            make_event = lambda: recorded_event(device)  # noqa: E731
         self.ahead, self._make = ahead, make_event
         self._queued: list = []
 

@@ -72,15 +72,14 @@ class StepStats:
             self.wait_s.add(wait_s)
             self.prepare_s.add(prepare_s)
 
-    def step(self, key: str, active: int, seconds: float, launch_s: float | None = None) -> None:
+    def step(self, key: str, active: int, seconds: float, launch_s: float) -> None:
         with self._lock:
             self.steps += 1
             self.occupied_rows += active
             self.active_per_step[active] = self.active_per_step.get(active, 0) + 1
             self.steps_per_key[key] = self.steps_per_key.get(key, 0) + 1
             self.step_s.add(seconds)
-            if launch_s is not None:
-                self.launch_s.add(launch_s)
+            self.launch_s.add(launch_s)
 
     def device_spans(self, spans) -> None:
         """The device's seconds of finished steps (:class:`~.step_clock.DeviceSpans`)."""

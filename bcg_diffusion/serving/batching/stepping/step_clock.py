@@ -19,11 +19,12 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["DeviceSpans", "StepClock", "StepMarks"]
+__all__ = ["DeviceSpans", "StepClock", "StepMarks", "recorded_event"]
 
 
-def _timing_event(device: torch.device):
-    event = torch.cuda.Event(enable_timing=True)
+def recorded_event(device: torch.device, timing: bool = False):
+    """A CUDA event recorded now on ``device``'s current stream (``timing``: one that can time a span)."""
+    event = torch.cuda.Event(enable_timing=timing)
     event.record(torch.cuda.current_stream(device))
     return event
 
@@ -57,7 +58,7 @@ class StepClock:
     def __init__(self, device: torch.device, clock: Callable[[], float] = time.perf_counter,
                  make_event: Callable[[], Any] | None = None):
         if make_event is None and device.type == "cuda":
-            make_event = lambda: _timing_event(device)  # noqa: E731
+            make_event = lambda: recorded_event(device, timing=True)  # noqa: E731
         self._clock, self._make = clock, make_event
         self._pending: deque[StepMarks] = deque(maxlen=self.MAX_PENDING)
 
